@@ -1,0 +1,344 @@
+//! The four events of the transfer pipeline (`CONTRACT.md` §3, *Events*).
+//!
+//! JSON is camelCase with the article's Portuguese names; every reader ignores unknown fields
+//! (serde's default) and takes ids and types from the payload, never from headers. The outcome
+//! events may carry the transfer's accounts and amount for notifications; those fields are
+//! optional because the article's Java producers do not send them.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::Timestamp;
+
+/// `TransferenciaSolicitada`: a transfer was accepted by the API (published by the outbox).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TransferRequested {
+    #[serde(rename = "eventoId")]
+    pub event_id: Uuid,
+    #[serde(rename = "transferenciaId")]
+    pub transfer_id: Uuid,
+    #[serde(rename = "contaOrigem")]
+    pub source_account: String,
+    #[serde(rename = "contaDestino")]
+    pub destination_account: String,
+    #[serde(rename = "valorEmCentavos")]
+    pub amount_cents: i64,
+    #[serde(rename = "moeda")]
+    pub currency: String,
+    /// Equals `transferencia.criada_em` of the row the event was written with.
+    #[serde(rename = "criadaEm")]
+    pub created_at: Timestamp,
+}
+
+/// `TransferenciaAnalisada`: antifraud let the transfer through with a risk score below 80.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransferAnalysed {
+    #[serde(rename = "eventoId")]
+    pub event_id: Uuid,
+    #[serde(rename = "transferenciaId")]
+    pub transfer_id: Uuid,
+    #[serde(rename = "contaOrigem")]
+    pub source_account: String,
+    #[serde(rename = "contaDestino")]
+    pub destination_account: String,
+    #[serde(rename = "valorEmCentavos")]
+    pub amount_cents: i64,
+    #[serde(rename = "moeda")]
+    pub currency: String,
+    /// Risk score, 0–100.
+    pub score: u8,
+    #[serde(rename = "analisadaEm")]
+    pub analysed_at: Timestamp,
+}
+
+/// `TransferenciaRejeitada`: antifraud blocked the transfer or the ledger refused it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransferRejected {
+    #[serde(rename = "eventoId")]
+    pub event_id: Uuid,
+    #[serde(rename = "transferenciaId")]
+    pub transfer_id: Uuid,
+    #[serde(rename = "motivo")]
+    pub reason: RejectionReason,
+    #[serde(rename = "rejeitadaEm")]
+    pub rejected_at: Timestamp,
+    #[serde(flatten)]
+    pub details: OutcomeDetails,
+}
+
+/// `TransferenciaLiquidada`: the ledger moved the money.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransferSettled {
+    #[serde(rename = "eventoId")]
+    pub event_id: Uuid,
+    #[serde(rename = "transferenciaId")]
+    pub transfer_id: Uuid,
+    #[serde(rename = "liquidadaEm")]
+    pub settled_at: Timestamp,
+    #[serde(flatten)]
+    pub details: OutcomeDetails,
+}
+
+/// What our producers add to outcome events so notifications need no lookup. Readers must not
+/// require any of it: a Java producer from the article sends none.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutcomeDetails {
+    #[serde(rename = "contaOrigem", default, skip_serializing_if = "Option::is_none")]
+    pub source_account: Option<String>,
+    #[serde(rename = "contaDestino", default, skip_serializing_if = "Option::is_none")]
+    pub destination_account: Option<String>,
+    #[serde(rename = "valorEmCentavos", default, skip_serializing_if = "Option::is_none")]
+    pub amount_cents: Option<i64>,
+    #[serde(rename = "moeda", default, skip_serializing_if = "Option::is_none")]
+    pub currency: Option<String>,
+}
+
+/// `motivo` of a [`TransferRejected`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum RejectionReason {
+    /// Risk score ≥ 80.
+    #[serde(rename = "BLOQUEADA_ANTIFRAUDE")]
+    BlockedByAntifraud,
+    /// One side of the transfer has no account in the ledger.
+    #[serde(rename = "CONTA_INEXISTENTE")]
+    AccountNotFound,
+    /// An account's currency differs from the transfer's.
+    #[serde(rename = "MOEDA_INCOMPATIVEL")]
+    CurrencyMismatch,
+    /// The source account's balance is below the amount.
+    #[serde(rename = "SALDO_INSUFICIENTE")]
+    InsufficientFunds,
+}
+
+impl RejectionReason {
+    pub const ALL: [RejectionReason; 4] = [
+        Self::BlockedByAntifraud,
+        Self::AccountNotFound,
+        Self::CurrencyMismatch,
+        Self::InsufficientFunds,
+    ];
+
+    /// The wire and database spelling.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::BlockedByAntifraud => "BLOQUEADA_ANTIFRAUDE",
+            Self::AccountNotFound => "CONTA_INEXISTENTE",
+            Self::CurrencyMismatch => "MOEDA_INCOMPATIVEL",
+            Self::InsufficientFunds => "SALDO_INSUFICIENTE",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|reason| reason.as_str() == text)
+    }
+}
+
+impl fmt::Display for RejectionReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The `evento-tipo` header value and outbox `tipo` column of each event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventType {
+    TransferRequested,
+    TransferAnalysed,
+    TransferRejected,
+    TransferSettled,
+}
+
+impl EventType {
+    pub const ALL: [EventType; 4] = [
+        Self::TransferRequested,
+        Self::TransferAnalysed,
+        Self::TransferRejected,
+        Self::TransferSettled,
+    ];
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::TransferRequested => "TransferenciaSolicitada",
+            Self::TransferAnalysed => "TransferenciaAnalisada",
+            Self::TransferRejected => "TransferenciaRejeitada",
+            Self::TransferSettled => "TransferenciaLiquidada",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.as_str() == text)
+    }
+}
+
+impl fmt::Display for EventType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    fn id(n: u128) -> Uuid {
+        Uuid::from_u128(n)
+    }
+
+    fn at() -> Timestamp {
+        Timestamp::parse("2026-12-03T10:15:30.123456Z").expect("valid")
+    }
+
+    #[test]
+    fn transfer_requested_has_the_contract_field_names() {
+        let event = TransferRequested {
+            event_id: id(1),
+            transfer_id: id(2),
+            source_account: "CC-001".into(),
+            destination_account: "CC-002".into(),
+            amount_cents: 30_000,
+            currency: "BRL".into(),
+            created_at: at(),
+        };
+        let value = serde_json::to_value(&event).expect("serialize");
+        assert_eq!(
+            value,
+            json!({
+                "eventoId": "00000000-0000-0000-0000-000000000001",
+                "transferenciaId": "00000000-0000-0000-0000-000000000002",
+                "contaOrigem": "CC-001",
+                "contaDestino": "CC-002",
+                "valorEmCentavos": 30000,
+                "moeda": "BRL",
+                "criadaEm": "2026-12-03T10:15:30.123456Z"
+            })
+        );
+        let back: TransferRequested = serde_json::from_value(value).expect("deserialize");
+        assert_eq!(back, event);
+    }
+
+    #[test]
+    fn transfer_analysed_has_the_contract_field_names() {
+        let event = TransferAnalysed {
+            event_id: id(1),
+            transfer_id: id(2),
+            source_account: "CC-001".into(),
+            destination_account: "CC-002".into(),
+            amount_cents: 30_000,
+            currency: "BRL".into(),
+            score: 10,
+            analysed_at: at(),
+        };
+        let value = serde_json::to_value(&event).expect("serialize");
+        assert_eq!(
+            value,
+            json!({
+                "eventoId": "00000000-0000-0000-0000-000000000001",
+                "transferenciaId": "00000000-0000-0000-0000-000000000002",
+                "contaOrigem": "CC-001",
+                "contaDestino": "CC-002",
+                "valorEmCentavos": 30000,
+                "moeda": "BRL",
+                "score": 10,
+                "analisadaEm": "2026-12-03T10:15:30.123456Z"
+            })
+        );
+        let back: TransferAnalysed = serde_json::from_value(value).expect("deserialize");
+        assert_eq!(back, event);
+    }
+
+    #[test]
+    fn outcome_events_read_the_article_shape_and_write_ours() {
+        // exactly what the article's Java ledger writes: no accounts, no amount
+        let article = json!({
+            "eventoId": "00000000-0000-0000-0000-000000000001",
+            "transferenciaId": "00000000-0000-0000-0000-000000000002",
+            "motivo": "SALDO_INSUFICIENTE",
+            "rejeitadaEm": "2026-12-03T10:15:30.123456Z"
+        });
+        let rejected: TransferRejected = serde_json::from_value(article.clone()).expect("deserialize");
+        assert_eq!(rejected.reason, RejectionReason::InsufficientFunds);
+        assert_eq!(rejected.details, OutcomeDetails::default());
+        assert_eq!(serde_json::to_value(&rejected).expect("serialize"), article);
+
+        let settled = TransferSettled {
+            event_id: id(1),
+            transfer_id: id(2),
+            settled_at: at(),
+            details: OutcomeDetails {
+                source_account: Some("CC-001".into()),
+                destination_account: Some("CC-002".into()),
+                amount_cents: Some(500),
+                currency: Some("BRL".into()),
+            },
+        };
+        let value = serde_json::to_value(&settled).expect("serialize");
+        assert_eq!(
+            value,
+            json!({
+                "eventoId": "00000000-0000-0000-0000-000000000001",
+                "transferenciaId": "00000000-0000-0000-0000-000000000002",
+                "liquidadaEm": "2026-12-03T10:15:30.123456Z",
+                "contaOrigem": "CC-001",
+                "contaDestino": "CC-002",
+                "valorEmCentavos": 500,
+                "moeda": "BRL"
+            })
+        );
+        assert_eq!(serde_json::from_value::<TransferSettled>(value).expect("deserialize"), settled);
+    }
+
+    #[test]
+    fn every_rejection_reason_round_trips() {
+        for reason in RejectionReason::ALL {
+            let json = serde_json::to_value(reason).expect("serialize");
+            assert_eq!(json, Value::String(reason.as_str().into()));
+            assert_eq!(serde_json::from_value::<RejectionReason>(json).expect("deserialize"), reason);
+            assert_eq!(RejectionReason::parse(reason.as_str()), Some(reason));
+        }
+        assert!(serde_json::from_value::<RejectionReason>(json!("OUTRO")).is_err());
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored_and_missing_ones_refused() {
+        let with_extra = json!({
+            "eventoId": "00000000-0000-0000-0000-000000000001",
+            "transferenciaId": "00000000-0000-0000-0000-000000000002",
+            "liquidadaEm": "2026-12-03T10:15:30Z",
+            "canal": "pix"
+        });
+        assert!(serde_json::from_value::<TransferSettled>(with_extra).is_ok());
+
+        let missing_amount = json!({
+            "eventoId": "00000000-0000-0000-0000-000000000001",
+            "transferenciaId": "00000000-0000-0000-0000-000000000002",
+            "contaOrigem": "A", "contaDestino": "B", "moeda": "BRL",
+            "criadaEm": "2026-12-03T10:15:30Z"
+        });
+        let error = serde_json::from_value::<TransferRequested>(missing_amount).expect_err("must fail");
+        assert!(error.to_string().contains("valorEmCentavos"), "{error}");
+
+        let wrong_type = json!({
+            "eventoId": "00000000-0000-0000-0000-000000000001",
+            "transferenciaId": "00000000-0000-0000-0000-000000000002",
+            "contaOrigem": "A", "contaDestino": "B", "moeda": "BRL",
+            "valorEmCentavos": "100", "criadaEm": "2026-12-03T10:15:30Z"
+        });
+        assert!(serde_json::from_value::<TransferRequested>(wrong_type).is_err());
+    }
+
+    #[test]
+    fn event_type_names() {
+        assert_eq!(EventType::TransferRequested.as_str(), "TransferenciaSolicitada");
+        assert_eq!(EventType::TransferAnalysed.as_str(), "TransferenciaAnalisada");
+        assert_eq!(EventType::TransferRejected.as_str(), "TransferenciaRejeitada");
+        assert_eq!(EventType::TransferSettled.as_str(), "TransferenciaLiquidada");
+        for kind in EventType::ALL {
+            assert_eq!(EventType::parse(kind.as_str()), Some(kind));
+        }
+        assert_eq!(EventType::parse("Outro"), None);
+    }
+}

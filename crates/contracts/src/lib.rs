@@ -1,0 +1,29 @@
+//! The wire contract of pagamentos (`CONTRACT.md` §3): what travels on Kafka, byte for byte.
+//!
+//! A service written from the reference article in Java/Spring and ours must be able to replace
+//! each other on the same topics, so everything here follows the article's Portuguese wire
+//! names exactly while the Rust names stay English.
+//!
+//! # Layout
+//! - [`events`]: the four event payloads (camelCase JSON, unknown fields ignored).
+//! - [`time`]: [`Timestamp`], RFC 3339 UTC with at most microsecond precision.
+//! - [`ids`]: Java's `UUID.nameUUIDFromBytes` and the derived event ids built on it.
+//! - [`topics`]: topic names, the dead-letter and retry topics derived from them, and the plan of
+//!   every topic the system owns.
+//! - [`headers`]: header names and Spring Kafka's binary header encodings.
+//!
+//! # Architecture invariant
+//! This crate knows nothing of Kafka clients, databases or HTTP: it depends on serde and a few
+//! value crates only, so every other crate can use it.
+
+pub mod events;
+pub mod headers;
+pub mod ids;
+pub mod time;
+pub mod topics;
+
+pub use events::{
+    EventType, RejectionReason, TransferAnalysed, TransferRejected, TransferRequested,
+    TransferSettled,
+};
+pub use time::Timestamp;

@@ -1,0 +1,216 @@
+//! Client settings: what every producer, consumer and admin client of pagamentos is built with.
+
+use std::fmt;
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+
+/// Where Kafka is and how groups rebalance; flattened into each command's arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct KafkaArgs {
+    /// Kafka bootstrap servers, comma-separated host:port.
+    #[arg(long = "kafka-bootstrap-servers", env = "KAFKA_BOOTSTRAP_SERVERS", default_value = "localhost:9092")]
+    pub bootstrap_servers: String,
+
+    /// Consumer group protocol: `consumer` (KIP-848, the broker assigns partitions) or `classic`.
+    #[arg(long = "kafka-group-protocol", env = "KAFKA_GROUP_PROTOCOL", value_enum, default_value_t = GroupProtocol::Consumer)]
+    pub group_protocol: GroupProtocol,
+
+    /// Prefix for every topic name (empty in production); lets several systems or tests share
+    /// one cluster.
+    #[arg(long = "topic-prefix", env = "PAGAMENTOS_TOPIC_PREFIX", default_value = "")]
+    pub topic_prefix: String,
+}
+
+impl KafkaArgs {
+    /// Connection to `bootstrap_servers` with the default group protocol and no prefix.
+    pub fn new(bootstrap_servers: impl Into<String>) -> Self {
+        Self {
+            bootstrap_servers: bootstrap_servers.into(),
+            group_protocol: GroupProtocol::Consumer,
+            topic_prefix: String::new(),
+        }
+    }
+
+    /// `name` behind the configured prefix.
+    pub fn topic(&self, name: &str) -> String {
+        format!("{}{name}", self.topic_prefix)
+    }
+}
+
+/// How topics are laid out when `pagamentos topics` (or a service at start) creates them.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TopicArgs {
+    /// Partitions of every topic; `-dlt` and `-retry-*` topics get the same, so a dead letter
+    /// can keep its original partition number.
+    #[arg(long, env = "APP_KAFKA_PARTITIONS", default_value_t = 12, value_parser = clap::value_parser!(i32).range(1..=10_000))]
+    pub partitions: i32,
+
+    /// Replication factor (3 in production); `min.insync.replicas` is `min(2, replicas)`.
+    #[arg(long, env = "APP_KAFKA_REPLICAS", default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=32_767))]
+    pub replicas: i32,
+}
+
+impl TopicArgs {
+    pub fn min_insync_replicas(&self) -> i32 {
+        self.replicas.min(2)
+    }
+}
+
+/// `group.protocol`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GroupProtocol {
+    /// KIP-848: the group coordinator assigns partitions incrementally through heartbeats.
+    Consumer,
+    /// The pre-4.0 protocol, a fallback while librdkafka's KIP-848 support matures.
+    Classic,
+}
+
+impl fmt::Display for GroupProtocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Consumer => "consumer",
+            Self::Classic => "classic",
+        })
+    }
+}
+
+/// How long a producer may keep a record before giving up on it (`delivery.timeout.ms`).
+pub const DELIVERY_TIMEOUT: Duration = Duration::from_millis(120_000);
+/// `transaction.timeout.ms`: a killed transactional instance blocks read_committed readers at
+/// most this long.
+pub const TRANSACTION_TIMEOUT: Duration = Duration::from_millis(10_000);
+
+fn base(args: &KafkaArgs, client_id: &str) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", &args.bootstrap_servers)
+        .set("client.id", client_id)
+        // fail a metadata/produce request to a dead broker quickly enough to report it
+        .set("socket.connection.setup.timeout.ms", "10000")
+        .set("reconnect.backoff.max.ms", "2000");
+    config
+}
+
+/// The contract's producer: `acks=all`, idempotent, zstd, Java's partitioner.
+///
+/// `linger` trades latency at low load for batching at high load.
+pub fn producer_config(args: &KafkaArgs, client_id: &str, linger: Duration) -> ClientConfig {
+    let mut config = base(args, client_id);
+    config
+        .set("acks", "all")
+        .set("enable.idempotence", "true")
+        .set("compression.type", "zstd")
+        .set("delivery.timeout.ms", DELIVERY_TIMEOUT.as_millis().to_string())
+        .set("linger.ms", linger.as_millis().to_string())
+        // Java's default partitioner: the same key lands on the same partition whichever
+        // language produced it (librdkafka's default, consistent_random, would not)
+        .set("partitioner", "murmur2_random");
+    config
+}
+
+/// A transactional producer with a stable `transactional.id` per instance (KIP-447 fencing).
+pub fn transactional_producer_config(
+    args: &KafkaArgs,
+    client_id: &str,
+    transactional_id: &str,
+    linger: Duration,
+) -> ClientConfig {
+    let mut config = producer_config(args, client_id, linger);
+    config
+        .set("transactional.id", transactional_id)
+        .set("transaction.timeout.ms", TRANSACTION_TIMEOUT.as_millis().to_string());
+    config
+}
+
+/// Who commits a consumer's offsets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffsetCommit {
+    /// The consumer loop stores an offset once its handler succeeded, and librdkafka commits
+    /// stored offsets in the background and at close.
+    StoredAfterHandling,
+    /// Offsets travel inside a Kafka transaction; nothing is committed by the consumer.
+    InTransaction,
+}
+
+/// A consumer that writes somewhere: `read_committed`, `earliest`, no offset moves on its own.
+pub fn consumer_config(args: &KafkaArgs, client_id: &str, group_id: &str, commit: OffsetCommit) -> ClientConfig {
+    let mut config = base(args, client_id);
+    config
+        .set("group.id", group_id)
+        .set("group.protocol", args.group_protocol.to_string())
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", "read_committed")
+        // only offsets the loop stored explicitly, after the handler's work is durable
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "false");
+    match commit {
+        OffsetCommit::StoredAfterHandling => config
+            .set("enable.auto.commit", "true")
+            .set("auto.commit.interval.ms", "500"),
+        OffsetCommit::InTransaction => config.set("enable.auto.commit", "false"),
+    };
+    if args.group_protocol == GroupProtocol::Classic {
+        // with KIP-848 these are the broker's to set (group.consumer.*), and librdkafka refuses
+        // them; the classic protocol still takes them from the client
+        config
+            .set("session.timeout.ms", "10000")
+            .set("heartbeat.interval.ms", "1000")
+            .set("partition.assignment.strategy", "cooperative-sticky");
+    }
+    config
+}
+
+/// The admin client (topics).
+pub fn admin_config(args: &KafkaArgs, client_id: &str) -> ClientConfig {
+    base(args, client_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn producers_follow_the_contract() {
+        let args = KafkaArgs::new("localhost:9092");
+        let config = producer_config(&args, "test", Duration::from_millis(5));
+        assert_eq!(config.get("acks"), Some("all"));
+        assert_eq!(config.get("enable.idempotence"), Some("true"));
+        assert_eq!(config.get("compression.type"), Some("zstd"));
+        assert_eq!(config.get("delivery.timeout.ms"), Some("120000"));
+        assert_eq!(config.get("partitioner"), Some("murmur2_random"));
+        assert_eq!(config.get("linger.ms"), Some("5"));
+
+        let tx = transactional_producer_config(&args, "test", "tx-antifraude-a", Duration::ZERO);
+        assert_eq!(tx.get("transactional.id"), Some("tx-antifraude-a"));
+        assert_eq!(tx.get("transaction.timeout.ms"), Some("10000"));
+        assert_eq!(tx.get("partitioner"), Some("murmur2_random"));
+    }
+
+    #[test]
+    fn consumers_never_move_offsets_on_their_own() {
+        let mut args = KafkaArgs::new("localhost:9092");
+        let config = consumer_config(&args, "test", "ledger", OffsetCommit::StoredAfterHandling);
+        assert_eq!(config.get("isolation.level"), Some("read_committed"));
+        assert_eq!(config.get("auto.offset.reset"), Some("earliest"));
+        assert_eq!(config.get("enable.auto.offset.store"), Some("false"));
+        assert_eq!(config.get("group.protocol"), Some("consumer"));
+        assert_eq!(config.get("session.timeout.ms"), None);
+
+        let tx = consumer_config(&args, "test", "antifraude", OffsetCommit::InTransaction);
+        assert_eq!(tx.get("enable.auto.commit"), Some("false"));
+
+        args.group_protocol = GroupProtocol::Classic;
+        let classic = consumer_config(&args, "test", "ledger", OffsetCommit::StoredAfterHandling);
+        assert_eq!(classic.get("group.protocol"), Some("classic"));
+        assert_eq!(classic.get("session.timeout.ms"), Some("10000"));
+    }
+
+    #[test]
+    fn min_insync_is_at_most_two() {
+        let topics = |replicas| TopicArgs { partitions: 12, replicas };
+        assert_eq!(topics(1).min_insync_replicas(), 1);
+        assert_eq!(topics(2).min_insync_replicas(), 2);
+        assert_eq!(topics(3).min_insync_replicas(), 2);
+    }
+}

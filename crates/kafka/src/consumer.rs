@@ -1,0 +1,248 @@
+//! The one consumer loop: services supply a [`Handler`], never a poll loop of their own.
+//!
+//! The loop collects a batch (up to `batch_records_max` records or `batch_wait_max` after the
+//! first), hands it to the handler, and stores each partition's next offset only once the
+//! handler returned `Ok`: the handler's work is durable by then, so a crash at any point
+//! redelivers, never loses. librdkafka commits stored offsets in the background and once more
+//! at shutdown. A failed batch is retried in place with exponential backoff (blocking retries:
+//! per-partition order is kept); records the handler can never process are its to dead-letter.
+//!
+//! Shutdown is watched only between batches and during backoff, never while a handler runs:
+//! the batch in hand finishes, its offsets are stored and committed, then the loop returns.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Headers, Message, OwnedMessage};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use tokio_util::sync::CancellationToken;
+
+use crate::context::Context;
+use crate::Error;
+
+/// A consumer built with [`crate::context::Context`].
+pub type KafkaConsumer = StreamConsumer<Context>;
+
+/// Creates a consumer from `config` and subscribes it to `topics`.
+pub fn subscribe(config: &ClientConfig, topics: &[&str]) -> Result<Arc<KafkaConsumer>, Error> {
+    let consumer: KafkaConsumer = config.create_with_context(Context).map_err(Error::Config)?;
+    consumer
+        .subscribe(topics)
+        .map_err(|source| Error::Consumer { operation: "subscribe", source })?;
+    Ok(Arc::new(consumer))
+}
+
+/// What a handler does with a batch. Implementations make the batch's effects durable (or
+/// decide they are not needed) before returning `Ok`.
+pub trait Handler: Send {
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Processes `batch` (records of any assigned partitions, in partition order). `Err`
+    /// means nothing of the batch may be considered done: it is retried as a whole.
+    fn handle(&mut self, batch: &[OwnedMessage]) -> impl Future<Output = Result<(), Self::Error>> + Send;
+}
+
+/// Exponential backoff of the blocking retries.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    pub initial: Duration,
+    pub multiplier: f64,
+    pub max: Duration,
+}
+
+impl Backoff {
+    /// The pause before retry number `attempt` (1 = the first retry).
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let factor = self.multiplier.powi(attempt.saturating_sub(1).min(64) as i32);
+        self.initial.mul_f64(factor).min(self.max)
+    }
+}
+
+impl Default for Backoff {
+    /// The reference article's handler: 500 ms, doubling, at most 15 s.
+    fn default() -> Self {
+        Self { initial: Duration::from_millis(500), multiplier: 2.0, max: Duration::from_secs(15) }
+    }
+}
+
+/// Limits of the loop.
+#[derive(Debug, Clone)]
+pub struct LoopOptions {
+    /// Most records handed to the handler at once.
+    pub batch_records_max: usize,
+    /// How long to keep filling a batch after its first record.
+    pub batch_wait_max: Duration,
+    pub backoff: Backoff,
+    /// How long the final commit at shutdown may take.
+    pub commit_timeout: Duration,
+}
+
+impl Default for LoopOptions {
+    fn default() -> Self {
+        Self {
+            batch_records_max: 500,
+            batch_wait_max: Duration::from_millis(5),
+            backoff: Backoff::default(),
+            commit_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Runs until `shutdown` is cancelled; returns after committing what was handled.
+pub async fn run<H: Handler>(
+    consumer: Arc<KafkaConsumer>,
+    mut handler: H,
+    options: LoopOptions,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
+    assert!(options.batch_records_max > 0, "a batch holds at least one record");
+    let result = consume(&consumer, &mut handler, &options, &shutdown).await;
+    // whatever ended the loop, commit the offsets stored so far (all of them handled)
+    let final_commit = {
+        let consumer = consumer.clone();
+        tokio::task::spawn_blocking(move || consumer.commit_consumer_state(CommitMode::Sync)).await?
+    };
+    match final_commit {
+        // nothing stored since the last background commit, or no partitions left
+        Ok(()) | Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
+        Err(error) => tracing::warn!(%error, "final offset commit failed; records since the last commit will be redelivered"),
+    }
+    result
+}
+
+async fn consume<H: Handler>(
+    consumer: &KafkaConsumer,
+    handler: &mut H,
+    options: &LoopOptions,
+    shutdown: &CancellationToken,
+) -> Result<(), Error> {
+    loop {
+        let batch = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return Ok(()),
+            batch = next_batch(consumer, options) => batch?,
+        };
+        let mut attempt = 0u32;
+        loop {
+            let started = Instant::now();
+            match handler.handle(&batch).await {
+                Ok(()) => {
+                    metrics::histogram!("kafka_batch_handling_seconds").record(started.elapsed().as_secs_f64());
+                    store_offsets(consumer, &batch);
+                    break;
+                }
+                Err(error) => {
+                    attempt += 1;
+                    let delay = options.backoff.delay(attempt);
+                    let first = &batch[0];
+                    metrics::counter!("retries_total", "topic" => first.topic().to_owned()).increment(1);
+                    tracing::warn!(
+                        error = %error_chain(&error),
+                        attempt,
+                        records = batch.len(),
+                        topic = first.topic(),
+                        partition = first.partition(),
+                        offset = first.offset(),
+                        retry_in_ms = delay.as_millis() as u64,
+                        "batch failed; retrying"
+                    );
+                    tokio::select! {
+                        biased;
+                        // the batch stays unacknowledged: it is redelivered after restart
+                        _ = shutdown.cancelled() => return Ok(()),
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Waits for one record, then takes more until the batch is full or `batch_wait_max` passed.
+async fn next_batch(consumer: &KafkaConsumer, options: &LoopOptions) -> Result<Vec<OwnedMessage>, Error> {
+    let first = receive(consumer).await?;
+    let mut batch = Vec::with_capacity(options.batch_records_max.min(64));
+    batch.push(first);
+    let deadline = tokio::time::Instant::now() + options.batch_wait_max;
+    while batch.len() < options.batch_records_max {
+        match tokio::time::timeout_at(deadline, receive(consumer)).await {
+            Ok(record) => batch.push(record?),
+            Err(_elapsed) => break,
+        }
+    }
+    Ok(batch)
+}
+
+/// The next record; transient client errors are logged and waited out.
+async fn receive(consumer: &KafkaConsumer) -> Result<OwnedMessage, Error> {
+    loop {
+        match consumer.recv().await {
+            Ok(message) => return Ok(message.detach()),
+            Err(error) if is_fatal(&error) => return Err(Error::Consumer { operation: "receive", source: error }),
+            Err(error) => {
+                tracing::warn!(%error, "consumer error; continuing");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+fn is_fatal(error: &KafkaError) -> bool {
+    matches!(error.rdkafka_error_code(), Some(rdkafka::types::RDKafkaErrorCode::Fatal))
+}
+
+/// Stores, per partition, the offset after the batch's last record of that partition.
+fn store_offsets(consumer: &KafkaConsumer, batch: &[OwnedMessage]) {
+    let mut next: BTreeMap<(&str, i32), i64> = BTreeMap::new();
+    for record in batch {
+        let entry = next.entry((record.topic(), record.partition())).or_insert(0);
+        *entry = (*entry).max(record.offset() + 1);
+    }
+    let mut offsets = TopicPartitionList::with_capacity(next.len());
+    for ((topic, partition), offset) in next {
+        if let Err(error) = offsets.add_partition_offset(topic, partition, Offset::Offset(offset)) {
+            tracing::warn!(%error, topic, partition, "bad offset");
+        }
+    }
+    // a partition revoked while the batch ran is someone else's now: its records will be
+    // redelivered there, which the idempotent handlers absorb
+    if let Err(error) = consumer.store_offsets(&offsets) {
+        tracing::info!(%error, "offsets not stored (partitions revoked?)");
+    }
+}
+
+/// The first header called `name` of `message`.
+pub fn header<'a>(message: &'a impl Message, name: &str) -> Option<&'a [u8]> {
+    message.headers()?.iter().find(|header| header.key == name).and_then(|header| header.value)
+}
+
+/// `error` and its causes, `: `-separated.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap() {
+        let backoff = Backoff::default();
+        assert_eq!(backoff.delay(1), Duration::from_millis(500));
+        assert_eq!(backoff.delay(2), Duration::from_millis(1000));
+        assert_eq!(backoff.delay(5), Duration::from_millis(8000));
+        assert_eq!(backoff.delay(6), Duration::from_secs(15));
+        assert_eq!(backoff.delay(u32::MAX), Duration::from_secs(15));
+    }
+}

@@ -1,0 +1,210 @@
+//! Dead letters of the blocking error handlers, as Spring Kafka's `DeadLetterPublishingRecoverer`
+//! writes them (`CONTRACT.md` §3, *Headers*).
+//!
+//! A dead letter keeps its original key, payload (byte for byte, even if it is not UTF-8),
+//! headers and partition number, and goes to `<topic>-dlt`. The `kafka_dlt-original-*`
+//! headers are written on the first failure only; the exception headers are replaced.
+
+use rdkafka::message::{Headers, Message, OwnedMessage, Timestamp};
+
+use contracts::headers::{dlt, encode_int, encode_long, CREATE_TIME, LOG_APPEND_TIME};
+use contracts::topics::dead_letter_topic;
+
+use crate::producer::{Delivered, OutgoingRecord, Producer};
+use crate::Error;
+
+/// Why a record is dead: what Spring would take from the exception.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// Our error's type path, e.g. `ledger::error::MalformedEvent`.
+    pub exception_fqcn: String,
+    /// The type path of its cause, when there is one.
+    pub cause_fqcn: Option<String>,
+    /// What was wrong, for an operator.
+    pub message: String,
+    /// The error and its causes, one per line (Rust has no stack trace to give).
+    pub stacktrace: String,
+}
+
+impl Failure {
+    /// Describes `error`, naming it `exception_fqcn` (and its cause `cause_fqcn`).
+    pub fn new(
+        exception_fqcn: impl Into<String>,
+        cause_fqcn: Option<&str>,
+        error: &(dyn std::error::Error + 'static),
+    ) -> Self {
+        let exception_fqcn = exception_fqcn.into();
+        let mut stacktrace = format!("{exception_fqcn}: {error}");
+        let mut source = error.source();
+        while let Some(cause) = source {
+            stacktrace.push_str("\nCaused by: ");
+            stacktrace.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        Self {
+            exception_fqcn,
+            cause_fqcn: cause_fqcn.map(str::to_owned),
+            message: crate::consumer::error_chain(error),
+            stacktrace,
+        }
+    }
+}
+
+const EXCEPTION_HEADERS: [&str; 4] =
+    [dlt::EXCEPTION_FQCN, dlt::EXCEPTION_CAUSE_FQCN, dlt::EXCEPTION_MESSAGE, dlt::EXCEPTION_STACKTRACE];
+
+/// The dead letter of `record`, failed in consumer group `group`.
+pub fn dead_letter(record: &OwnedMessage, group: &str, failure: &Failure) -> OutgoingRecord {
+    let mut headers: Vec<(String, Vec<u8>)> = Vec::new();
+    if let Some(original) = record.headers() {
+        for header in original.iter() {
+            if EXCEPTION_HEADERS.contains(&header.key) {
+                continue;
+            }
+            headers.push((header.key.to_owned(), header.value.unwrap_or_default().to_vec()));
+        }
+    }
+    let already_dead = headers.iter().any(|(name, _)| name == dlt::ORIGINAL_TOPIC);
+    if !already_dead {
+        let (timestamp, timestamp_type) = match record.timestamp() {
+            Timestamp::CreateTime(ms) => (ms, CREATE_TIME),
+            Timestamp::LogAppendTime(ms) => (ms, LOG_APPEND_TIME),
+            Timestamp::NotAvailable => (-1, "NO_TIMESTAMP_TYPE"),
+        };
+        headers.push((dlt::ORIGINAL_TOPIC.into(), record.topic().as_bytes().to_vec()));
+        headers.push((dlt::ORIGINAL_PARTITION.into(), encode_int(record.partition()).to_vec()));
+        headers.push((dlt::ORIGINAL_OFFSET.into(), encode_long(record.offset()).to_vec()));
+        headers.push((dlt::ORIGINAL_TIMESTAMP.into(), encode_long(timestamp).to_vec()));
+        headers.push((dlt::ORIGINAL_TIMESTAMP_TYPE.into(), timestamp_type.as_bytes().to_vec()));
+        headers.push((dlt::ORIGINAL_CONSUMER_GROUP.into(), group.as_bytes().to_vec()));
+    }
+    headers.push((dlt::EXCEPTION_FQCN.into(), failure.exception_fqcn.as_bytes().to_vec()));
+    if let Some(cause) = &failure.cause_fqcn {
+        headers.push((dlt::EXCEPTION_CAUSE_FQCN.into(), cause.as_bytes().to_vec()));
+    }
+    headers.push((dlt::EXCEPTION_MESSAGE.into(), failure.message.as_bytes().to_vec()));
+    headers.push((dlt::EXCEPTION_STACKTRACE.into(), failure.stacktrace.as_bytes().to_vec()));
+    OutgoingRecord {
+        topic: dead_letter_topic(record.topic()),
+        partition: Some(record.partition()),
+        key: record.key().map(<[u8]>::to_vec),
+        payload: record.payload().unwrap_or_default().to_vec(),
+        headers,
+    }
+}
+
+/// Publishes dead letters for one consumer group and counts them (`dlt_mensagens_total`).
+#[derive(Debug, Clone)]
+pub struct DeadLetterPublisher {
+    producer: Producer,
+    group: String,
+}
+
+impl DeadLetterPublisher {
+    pub fn new(producer: Producer, group: impl Into<String>) -> Self {
+        Self { producer, group: group.into() }
+    }
+
+    /// Sends `record`'s dead letter and waits for the broker's acknowledgement.
+    pub async fn publish(&self, record: &OwnedMessage, failure: &Failure) -> Result<Delivered, Error> {
+        let letter = dead_letter(record, &self.group, failure);
+        let delivered = self.producer.send(&letter).await?;
+        metrics::counter!("dlt_mensagens_total", "topic" => letter.topic.clone()).increment(1);
+        tracing::warn!(
+            dead_letter_topic = letter.topic,
+            topic = record.topic(),
+            partition = record.partition(),
+            offset = record.offset(),
+            reason = failure.message,
+            "record sent to dead-letter topic"
+        );
+        Ok(delivered)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use contracts::headers::{decode_int, decode_long};
+    use rdkafka::message::{Header, OwnedHeaders};
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("missing field `valorEmCentavos`")]
+    struct Malformed(#[source] std::io::Error);
+
+    fn failure() -> Failure {
+        let error = Malformed(std::io::Error::other("line 1 column 9"));
+        Failure::new("ledger::error::MalformedEvent", Some("serde_json::Error"), &error)
+    }
+
+    fn source(headers: OwnedHeaders) -> OwnedMessage {
+        OwnedMessage::new(
+            Some(vec![0xff, 0x00, b'{']),
+            Some(b"CC-001".to_vec()),
+            "transferencias.analisada".into(),
+            Timestamp::CreateTime(1_733_212_800_123),
+            7,
+            42,
+            Some(headers),
+        )
+    }
+
+    fn value<'a>(record: &'a OutgoingRecord, name: &str) -> &'a [u8] {
+        record.header_value(name).unwrap_or_else(|| panic!("header {name} missing"))
+    }
+
+    #[test]
+    fn first_failure_writes_springs_headers() {
+        let original = OwnedHeaders::new().insert(Header { key: "traceparent", value: Some("00-abc".as_bytes()) });
+        let letter = dead_letter(&source(original), "ledger", &failure());
+        assert_eq!(letter.topic, "transferencias.analisada-dlt");
+        assert_eq!(letter.partition, Some(7));
+        assert_eq!(letter.key.as_deref(), Some(b"CC-001".as_slice()));
+        assert_eq!(letter.payload, vec![0xff, 0x00, b'{']);
+        assert_eq!(value(&letter, "traceparent"), b"00-abc");
+        assert_eq!(value(&letter, "kafka_dlt-original-topic"), b"transferencias.analisada");
+        assert_eq!(value(&letter, "kafka_dlt-original-partition"), [0, 0, 0, 7]);
+        assert_eq!(decode_long(value(&letter, "kafka_dlt-original-offset")), Ok(42));
+        assert_eq!(decode_long(value(&letter, "kafka_dlt-original-timestamp")), Ok(1_733_212_800_123));
+        assert_eq!(value(&letter, "kafka_dlt-original-timestamp-type"), b"CREATE_TIME");
+        assert_eq!(value(&letter, "kafka_dlt-original-consumer-group"), b"ledger");
+        assert_eq!(value(&letter, "kafka_dlt-exception-fqcn"), b"ledger::error::MalformedEvent");
+        assert_eq!(value(&letter, "kafka_dlt-exception-cause-fqcn"), b"serde_json::Error");
+        assert_eq!(
+            value(&letter, "kafka_dlt-exception-message"),
+            b"missing field `valorEmCentavos`: line 1 column 9"
+        );
+        assert_eq!(
+            value(&letter, "kafka_dlt-exception-stacktrace"),
+            b"ledger::error::MalformedEvent: missing field `valorEmCentavos`\nCaused by: line 1 column 9"
+        );
+    }
+
+    #[test]
+    fn a_replayed_dead_letter_keeps_its_origin_and_replaces_the_exception() {
+        let first = dead_letter(&source(OwnedHeaders::new()), "ledger", &failure());
+        let replayed = OwnedMessage::new(
+            Some(first.payload.clone()),
+            first.key.clone(),
+            "transferencias.analisada".into(),
+            Timestamp::CreateTime(1_800_000_000_000),
+            3,
+            99,
+            Some(first.owned_headers()),
+        );
+        let again = Failure {
+            exception_fqcn: "ledger::error::Other".into(),
+            cause_fqcn: None,
+            message: "second".into(),
+            stacktrace: "second".into(),
+        };
+        let letter = dead_letter(&replayed, "ledger", &again);
+        let count = |name: &str| letter.headers.iter().filter(|(key, _)| key == name).count();
+        assert_eq!(count("kafka_dlt-original-offset"), 1);
+        assert_eq!(decode_long(value(&letter, "kafka_dlt-original-offset")), Ok(42));
+        assert_eq!(decode_int(value(&letter, "kafka_dlt-original-partition")), Ok(7));
+        assert_eq!(count("kafka_dlt-exception-message"), 1);
+        assert_eq!(value(&letter, "kafka_dlt-exception-message"), b"second");
+        assert_eq!(count("kafka_dlt-exception-cause-fqcn"), 0);
+    }
+}

@@ -1,0 +1,49 @@
+//! Errors of the Kafka runtime.
+
+use rdkafka::error::KafkaError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A client could not be created from its configuration (a bad setting).
+    #[error("invalid Kafka client configuration")]
+    Config(#[source] KafkaError),
+    /// The broker did not answer.
+    #[error("Kafka at {bootstrap} unreachable")]
+    Unreachable {
+        bootstrap: String,
+        #[source]
+        source: KafkaError,
+    },
+    /// A record was not acknowledged by the broker.
+    #[error("produce to {topic} failed")]
+    Produce {
+        topic: String,
+        #[source]
+        source: KafkaError,
+    },
+    /// A transactional call failed; `fatal` means the producer must be recreated.
+    #[error("transaction {operation} failed")]
+    Transaction {
+        operation: &'static str,
+        fatal: bool,
+        #[source]
+        source: KafkaError,
+    },
+    /// Receiving from or committing for a consumer failed.
+    #[error("consumer {operation} failed")]
+    Consumer {
+        operation: &'static str,
+        #[source]
+        source: KafkaError,
+    },
+    /// An admin request (topics) failed.
+    #[error("admin request {operation} failed")]
+    Admin {
+        operation: &'static str,
+        #[source]
+        source: KafkaError,
+    },
+    /// A blocking librdkafka call running off the runtime panicked or was cancelled.
+    #[error("blocking Kafka call did not complete")]
+    Blocking(#[from] tokio::task::JoinError),
+}

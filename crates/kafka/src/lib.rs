@@ -1,0 +1,34 @@
+//! Kafka runtime of pagamentos, over `rdkafka` (librdkafka).
+//!
+//! Every service talks to Kafka through this crate, so the contract's client settings
+//! (`CONTRACT.md` §3, *Producers* and *Consumers*) are decided once, here.
+//!
+//! # Layout
+//! - [`config`]: connection settings (`KafkaArgs`, flags with env fallbacks) and the client
+//!   configurations for producers, transactional producers, consumers and the admin client.
+//! - [`context`]: librdkafka's own log lines routed to `tracing`.
+//! - [`producer`]: the idempotent `acks=all` producer and [`producer::OutgoingRecord`].
+//! - [`transactional`]: the transactional producer, its blocking calls kept off the runtime.
+//! - [`consumer`]: the one consumer loop: batches to a handler, offsets stored only after the
+//!   handler succeeded, blocking retries with backoff, graceful shutdown.
+//! - [`dead_letter`]: dead letters with Spring Kafka's `kafka_dlt-*` headers.
+//! - [`trace`]: W3C trace context to and from record headers.
+//! - [`topics`]: create or verify every topic of the plan.
+//!
+//! # Architecture invariant
+//! Knows no service and no database. Handlers decide what a record means; this crate only
+//! decides when an offset may move: never before the handler said the work is durable.
+
+pub mod config;
+pub mod consumer;
+pub mod context;
+pub mod dead_letter;
+pub mod error;
+pub mod producer;
+pub mod topics;
+pub mod trace;
+pub mod transactional;
+
+pub use config::{GroupProtocol, KafkaArgs, TopicArgs};
+pub use error::Error;
+pub use rdkafka;

@@ -1,0 +1,101 @@
+//! The transactional producer: records and consumed offsets committed atomically (KIP-447).
+//!
+//! librdkafka's transactional calls block their thread for up to the timeout, so each runs on
+//! tokio's blocking pool: on 2 cores a blocked runtime worker halves the service.
+
+use std::time::Duration;
+
+use rdkafka::consumer::ConsumerGroupMetadata;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{FutureProducer, Producer as _};
+use rdkafka::{ClientConfig, TopicPartitionList};
+
+use crate::context::Context;
+use crate::producer::{Delivered, OutgoingRecord};
+use crate::Error;
+
+/// How long one transactional call may block.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A producer with a `transactional.id`. Create it, then [`init`](Self::init) once; a fenced
+/// or otherwise fatal error means: drop it and create a new one.
+#[derive(Clone)]
+pub struct TransactionalProducer {
+    inner: FutureProducer<Context>,
+}
+
+impl std::fmt::Debug for TransactionalProducer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransactionalProducer").finish_non_exhaustive()
+    }
+}
+
+fn transaction_error(operation: &'static str, source: KafkaError) -> Error {
+    let fatal = match &source {
+        KafkaError::Transaction(error) => error.is_fatal(),
+        _ => false,
+    } || matches!(
+        source.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::Fenced | RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch)
+    );
+    Error::Transaction { operation, fatal, source }
+}
+
+impl TransactionalProducer {
+    /// Creates the client; `config` must carry a `transactional.id`.
+    pub fn new(config: &ClientConfig) -> Result<Self, Error> {
+        let inner = config.create_with_context(Context).map_err(Error::Config)?;
+        Ok(Self { inner })
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        operation: &'static str,
+        call: impl FnOnce(&FutureProducer<Context>) -> Result<T, KafkaError> + Send + 'static,
+    ) -> Result<T, Error> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || call(&inner))
+            .await?
+            .map_err(|source| transaction_error(operation, source))
+    }
+
+    /// Registers the `transactional.id` with the coordinator, fencing any older instance with
+    /// the same id and aborting its open transaction.
+    pub async fn init(&self) -> Result<(), Error> {
+        self.blocking("init", |producer| producer.init_transactions(CALL_TIMEOUT)).await
+    }
+
+    pub async fn begin(&self) -> Result<(), Error> {
+        self.blocking("begin", |producer| producer.begin_transaction()).await
+    }
+
+    /// Sends `record` inside the open transaction and waits for its acknowledgement.
+    pub async fn send(&self, record: &OutgoingRecord) -> Result<Delivered, Error> {
+        let result = self
+            .inner
+            .send(record.as_future_record(record.owned_headers()), rdkafka::util::Timeout::Never)
+            .await;
+        match result {
+            Ok(delivery) => Ok(Delivered { partition: delivery.partition, offset: delivery.offset }),
+            Err((source, _message)) => Err(Error::Produce { topic: record.topic.clone(), source }),
+        }
+    }
+
+    /// Adds the consumed `offsets` (next offset to read, per partition) to the transaction.
+    /// `group` must be read from the consumer right before this call: under KIP-848 the member
+    /// epoch changes without a rebalance callback, and stale metadata fences spuriously.
+    pub async fn send_offsets(&self, offsets: TopicPartitionList, group: ConsumerGroupMetadata) -> Result<(), Error> {
+        self.blocking("send_offsets", move |producer| {
+            producer.send_offsets_to_transaction(&offsets, &group, CALL_TIMEOUT)
+        })
+        .await
+    }
+
+    pub async fn commit(&self) -> Result<(), Error> {
+        self.blocking("commit", |producer| producer.commit_transaction(CALL_TIMEOUT)).await
+    }
+
+    pub async fn abort(&self) -> Result<(), Error> {
+        self.blocking("abort", |producer| producer.abort_transaction(CALL_TIMEOUT)).await
+    }
+}

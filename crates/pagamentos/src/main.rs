@@ -1,0 +1,114 @@
+//! `pagamentos`: one binary, one subcommand per service plus operator tools (`CONTRACT.md` §1).
+//!
+//! # Layout
+//! - [`database`]: the two database URLs and a bounded-time connection.
+//! - [`migrate`]: `pagamentos migrate`, both databases' embedded migrations.
+//! - [`topics`]: `pagamentos topics`, create or verify every topic.
+//!
+//! This crate only parses arguments, wires crates together and handles signals; the work is
+//! done in the crates it calls.
+
+mod database;
+mod migrate;
+mod topics;
+
+use std::process::ExitCode;
+
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use telemetry::logging::LogFormat;
+
+/// Event-driven money transfers on Apache Kafka and PostgreSQL.
+#[derive(Debug, Parser)]
+#[command(name = "pagamentos", version, propagate_version = true)]
+struct Cli {
+    /// Log line format on stderr.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Json, global = true)]
+    log_format: LogFormat,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Apply the embedded database migrations (services also migrate on start).
+    Migrate(migrate::MigrateArgs),
+    /// Create or verify every topic idempotently; exit 1 if an existing topic differs from the
+    /// configuration (partitions, replication factor, min.insync.replicas, retention).
+    Topics(topics::TopicsCommand),
+}
+
+/// Parses the command line and environment. A bad value that came from an environment
+/// variable is reported with the variable's name, which clap alone does not say.
+fn parse_arguments() -> Cli {
+    let command = Cli::command();
+    let parsed = command
+        .clone()
+        .try_get_matches()
+        .and_then(|matches| Cli::from_arg_matches(&matches));
+    match parsed {
+        Ok(cli) => cli,
+        Err(error) => {
+            if matches!(error.kind(), ErrorKind::InvalidValue | ErrorKind::ValueValidation) {
+                if let Some(variable) = environment_source(&command, &error) {
+                    let _ = error.print();
+                    eprintln!("note: the value came from the environment variable {variable}");
+                    std::process::exit(2);
+                }
+            }
+            error.exit()
+        }
+    }
+}
+
+/// The environment variable behind the argument `error` complains about, when that argument
+/// was not given on the command line.
+fn environment_source(command: &clap::Command, error: &clap::Error) -> Option<String> {
+    let Some(ContextValue::String(invalid)) = error.get(ContextKind::InvalidArg) else { return None };
+    let long = invalid.split_whitespace().next()?.trim_start_matches("--");
+    let given_on_command_line = std::env::args().any(|arg| arg == format!("--{long}") || arg.starts_with(&format!("--{long}=")));
+    if given_on_command_line {
+        return None;
+    }
+    let mut commands = vec![command];
+    while let Some(current) = commands.pop() {
+        for arg in current.get_arguments() {
+            if arg.get_long() == Some(long) {
+                if let Some(env) = arg.get_env() {
+                    if std::env::var_os(env).is_some() {
+                        return Some(env.to_string_lossy().into_owned());
+                    }
+                }
+            }
+        }
+        commands.extend(current.get_subcommands());
+    }
+    None
+}
+
+fn main() -> ExitCode {
+    let cli = parse_arguments();
+    telemetry::logging::init("pagamentos", cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Migrate(args) => migrate::run(args).await,
+            Command::Topics(args) => topics::run(args).await,
+        }
+    });
+    telemetry::logging::shutdown();
+    match result {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,32 @@
+//! `pagamentos topics`: creates or verifies every topic of the contract.
+
+use std::process::ExitCode;
+
+use kafka::{KafkaArgs, TopicArgs};
+
+#[derive(Debug, clap::Args)]
+pub struct TopicsCommand {
+    #[command(flatten)]
+    kafka: KafkaArgs,
+
+    #[command(flatten)]
+    topics: TopicArgs,
+}
+
+pub async fn run(args: TopicsCommand) -> anyhow::Result<ExitCode> {
+    let specs = contracts::topics::plan(&args.kafka.topic_prefix);
+    let report = kafka::topics::ensure(&args.kafka, &args.topics, &specs).await?;
+    print!("{report}");
+    if report.is_consistent() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!(
+            "error: existing topics differ from the configuration ({} partitions, replication {}, \
+             min.insync.replicas {}); fix them or the configuration",
+            args.topics.partitions,
+            args.topics.replicas,
+            args.topics.min_insync_replicas()
+        );
+        Ok(ExitCode::FAILURE)
+    }
+}

@@ -1,0 +1,152 @@
+//! `/healthz`, `/readyz` and `/metrics`, mounted by every service (`CONTRACT.md` §2).
+//!
+//! `/healthz` answers while the process is alive; `/readyz` runs every readiness check (its
+//! database, its Kafka) concurrently with a timeout and answers `503` naming each one that
+//! failed; `/metrics` renders the Prometheus text format.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use metrics_exporter_prometheus::PrometheusHandle;
+
+/// How long one readiness check may take before it counts as failed.
+pub const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A dependency a service needs to do its work.
+pub trait ReadinessCheck: Send + Sync + 'static {
+    /// Short name shown in `/readyz` (`postgres`, `kafka`).
+    fn name(&self) -> &'static str;
+    /// `Ok` when the dependency answers; `Err` says why not.
+    fn check(&self) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>>;
+}
+
+#[derive(Clone)]
+struct HealthState {
+    checks: Arc<Vec<Arc<dyn ReadinessCheck>>>,
+    metrics: PrometheusHandle,
+}
+
+/// The three routes, to merge into a service's router.
+pub fn router(checks: Vec<Arc<dyn ReadinessCheck>>, metrics: PrometheusHandle) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(render_metrics))
+        .with_state(HealthState { checks: Arc::new(checks), metrics })
+}
+
+async fn readyz(State(state): State<HealthState>) -> Response {
+    let results = futures::future::join_all(state.checks.iter().map(|check| async move {
+        let outcome = match tokio::time::timeout(CHECK_TIMEOUT, check.check()).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(format!("no answer within {CHECK_TIMEOUT:?}")),
+        };
+        (check.name(), outcome)
+    }))
+    .await;
+    let failures: Vec<String> = results
+        .into_iter()
+        .filter_map(|(name, outcome)| outcome.err().map(|why| format!("{name}: {why}")))
+        .collect();
+    if failures.is_empty() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        tracing::warn!(failures = ?failures, "not ready");
+        (StatusCode::SERVICE_UNAVAILABLE, format!("not ready\n{}\n", failures.join("\n"))).into_response()
+    }
+}
+
+async fn render_metrics(State(state): State<HealthState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::Request;
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    struct Fixed(&'static str, Result<(), String>);
+
+    impl ReadinessCheck for Fixed {
+        fn name(&self) -> &'static str {
+            self.0
+        }
+        fn check(&self) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+            let outcome = self.1.clone();
+            Box::pin(async move { outcome })
+        }
+    }
+
+    struct Hangs;
+
+    impl ReadinessCheck for Hangs {
+        fn name(&self) -> &'static str {
+            "hangs"
+        }
+        fn check(&self) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+            Box::pin(std::future::pending())
+        }
+    }
+
+    async fn get(app: Router, path: &str) -> (StatusCode, String) {
+        let response = app
+            .oneshot(Request::get(path).body(Body::empty()).expect("request"))
+            .await
+            .expect("response");
+        let status = response.status();
+        let body = response.into_body().collect().await.expect("body").to_bytes();
+        (status, String::from_utf8(body.to_vec()).expect("utf-8"))
+    }
+
+    #[tokio::test]
+    async fn ready_only_when_every_check_passes() {
+        let handle = crate::metrics::install();
+        let ok: Vec<Arc<dyn ReadinessCheck>> = vec![Arc::new(Fixed("postgres", Ok(())))];
+        assert_eq!(get(router(ok, handle.clone()), "/readyz").await.0, StatusCode::OK);
+
+        let failing: Vec<Arc<dyn ReadinessCheck>> = vec![
+            Arc::new(Fixed("postgres", Ok(()))),
+            Arc::new(Fixed("kafka", Err("connection refused".into()))),
+        ];
+        let (status, body) = get(router(failing.clone(), handle.clone()), "/readyz").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("kafka: connection refused"), "{body}");
+        assert!(!body.contains("postgres"), "{body}");
+        // liveness does not depend on readiness
+        assert_eq!(get(router(failing, handle), "/healthz").await.0, StatusCode::OK);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hanging_check_times_out_as_not_ready() {
+        let handle = crate::metrics::install();
+        let checks: Vec<Arc<dyn ReadinessCheck>> = vec![Arc::new(Hangs)];
+        let (status, body) = get(router(checks, handle), "/readyz").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("hangs: no answer"), "{body}");
+    }
+
+    #[tokio::test]
+    async fn metrics_render_prometheus_text() {
+        let handle = crate::metrics::install();
+        metrics::counter!("telemetry_test_total", "topic" => "t").increment(3);
+        metrics::histogram!("telemetry_test_seconds").record(0.02);
+        let (status, body) = get(router(Vec::new(), handle), "/metrics").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(body.contains("telemetry_test_total{topic=\"t\"} 3"), "{body}");
+        assert!(body.contains("telemetry_test_seconds_bucket{le=\"0.025\"} 1"), "{body}");
+    }
+}

@@ -1,0 +1,17 @@
+//! Logs, traces and metrics for every pagamentos service, and the routes that expose them.
+//!
+//! # Layout
+//! - [`logging`]: `tracing` with JSON (or human) logs, and an OpenTelemetry layer so every span
+//!   has a W3C trace context that can travel in Kafka headers and outbox rows.
+//! - [`metrics`]: the process-wide Prometheus recorder and its histogram buckets (seconds).
+//! - [`health`]: `/healthz`, `/readyz` (dependency checks) and `/metrics` as an axum router.
+//! - [`context`]: the current span's `traceparent` and spans continued from one.
+//!
+//! # Architecture invariant
+//! Knows nothing of Kafka, databases or the domain: readiness checks are supplied by the
+//! services as [`health::ReadinessCheck`]s, and trace context travels as plain strings.
+
+pub mod context;
+pub mod health;
+pub mod logging;
+pub mod metrics;

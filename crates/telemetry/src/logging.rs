@@ -1,0 +1,70 @@
+//! Process-wide logging and tracing set-up.
+
+use std::sync::OnceLock;
+
+use opentelemetry::propagation::TextMapCompositePropagator;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::propagation::{BaggagePropagator, TraceContextPropagator};
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::EnvFilter;
+
+/// How log lines are written to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One JSON object per line, for machines (the default).
+    Json,
+    /// Human-readable lines, for a terminal.
+    Pretty,
+}
+
+/// Used when `RUST_LOG` is unset: PostgreSQL's notices ("relation already exists, skipping")
+/// are not news.
+pub const DEFAULT_FILTER: &str = "info,sqlx::postgres::notice=warn";
+
+static TRACER_PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
+
+/// Installs the global subscriber: `RUST_LOG` filtering (default [`DEFAULT_FILTER`]), log lines in `format`,
+/// and an OpenTelemetry layer so spans carry W3C trace ids. Safe to call more than once (tests):
+/// later calls keep the first set-up.
+pub fn init(service_name: &'static str, format: LogFormat) {
+    let provider = TRACER_PROVIDER.get_or_init(|| {
+        opentelemetry::global::set_text_map_propagator(TextMapCompositePropagator::new(vec![
+            Box::new(TraceContextPropagator::new()),
+            Box::new(BaggagePropagator::new()),
+        ]));
+        // spans are recorded so that trace context propagates; exporting them over OTLP is
+        // configured by OTEL_EXPORTER_OTLP_ENDPOINT (issue #8)
+        let provider = SdkTracerProvider::builder().build();
+        opentelemetry::global::set_tracer_provider(provider.clone());
+        provider
+    });
+    let otel = tracing_opentelemetry::layer().with_tracer(provider.tracer(service_name));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
+    let registry = tracing_subscriber::registry().with(filter).with(otel);
+    let result = match format {
+        LogFormat::Json => registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .flatten_event(true)
+                    .with_current_span(true)
+                    .with_span_list(false)
+                    .with_writer(std::io::stderr),
+            )
+            .try_init(),
+        LogFormat::Pretty => registry
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .try_init(),
+    };
+    // a subscriber installed earlier (another test in this process) is fine
+    drop(result);
+}
+
+/// Flushes spans still buffered; call once at shutdown.
+pub fn shutdown() {
+    if let Some(provider) = TRACER_PROVIDER.get() {
+        drop(provider.force_flush());
+    }
+}

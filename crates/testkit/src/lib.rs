@@ -1,0 +1,161 @@
+//! What pagamentos' integration tests share, so each test reads as its scenario and runs in
+//! parallel with the others against the one local stack (`scripts/stack up`).
+//!
+//! # Layout
+//! - [`TestDatabase`]: a database of the test's own, migrated, dropped afterwards.
+//! - [`TestTopics`]: topics of the test's own (a unique prefix), deleted afterwards.
+//! - [`unique`]: unique names for group ids, transactional ids, prefixes.
+//! - [`eventually`]: poll a condition with a deadline instead of sleeping.
+//!
+//! The stack's addresses come from `KAFKA_BOOTSTRAP_SERVERS` and `PAGAMENTOS_TEST_DATABASE_URL`
+//! (defaults: the local stack). Tests fail, never skip, when the stack is down.
+//!
+//! # Architecture invariant
+//! Only ever a dev-dependency.
+
+use std::future::Future;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, Executor, PgConnection, PgPool};
+
+/// Kafka of the local stack.
+pub fn bootstrap_servers() -> String {
+    std::env::var("KAFKA_BOOTSTRAP_SERVERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
+}
+
+/// A database URL of the local stack whose role may create databases.
+pub fn admin_database_url() -> String {
+    std::env::var("PAGAMENTOS_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://pagamentos:pagamentos@localhost:5432/postgres".into())
+}
+
+/// `prefix` plus a short random suffix: group ids, transactional ids, topic prefixes.
+pub fn unique(prefix: &str) -> String {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    format!("{prefix}-{}", &id[..12])
+}
+
+/// Quiet logs unless `TEST_LOG` is set (then pretty logs at `RUST_LOG`, default `info`).
+pub fn init_logs() {
+    if std::env::var_os("TEST_LOG").is_some() {
+        telemetry_init();
+    }
+}
+
+fn telemetry_init() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    drop(tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init());
+}
+
+/// Polls `condition` every 50 ms until it returns `Some`, or panics naming `what` after
+/// `timeout`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut condition: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = condition().await {
+            return value;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A migrated database of the test's own, dropped when this value is dropped.
+#[derive(Debug)]
+pub struct TestDatabase {
+    pub name: String,
+    pub url: String,
+    pub pool: PgPool,
+}
+
+impl TestDatabase {
+    /// Creates `test_<random>` and applies `migrator` to it.
+    pub async fn create(migrator: &sqlx::migrate::Migrator) -> Self {
+        let admin_url = admin_database_url();
+        let name = unique("test").replace('-', "_");
+        let mut admin = PgConnection::connect(&admin_url)
+            .await
+            .unwrap_or_else(|error| panic!("connect to {admin_url} (is `scripts/stack up` running?): {error}"));
+        admin
+            .execute(format!(r#"CREATE DATABASE "{name}""#).as_str())
+            .await
+            .expect("create test database");
+        let options: PgConnectOptions = admin_url.parse().expect("admin database url");
+        let options = options.database(&name);
+        let url = options.to_url_lossy().to_string();
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect_with(options)
+            .await
+            .expect("connect to test database");
+        migrator.run(&pool).await.expect("migrate test database");
+        Self { name, url, pool }
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        let admin_url = admin_database_url();
+        // Drop cannot await; a thread of its own can block on a small runtime
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            runtime.block_on(async {
+                let mut admin = PgConnection::connect(&admin_url).await?;
+                admin.execute(format!(r#"DROP DATABASE IF EXISTS "{name}" WITH (FORCE)"#).as_str()).await?;
+                Ok::<_, anyhow::Error>(())
+            })
+        })
+        .join();
+        if let Ok(Err(error)) = dropped {
+            eprintln!("could not drop test database {}: {error}", self.name);
+        }
+    }
+}
+
+/// Topics of the test's own: the given base names behind a unique prefix, with few partitions
+/// (hundreds of tests × 12 partitions would exhaust one broker). Deleted on drop.
+#[derive(Debug)]
+pub struct TestTopics {
+    pub args: kafka::KafkaArgs,
+    pub names: Vec<String>,
+}
+
+impl TestTopics {
+    /// Creates the whole topic plan of the contract behind a fresh prefix.
+    pub async fn plan(partitions: i32) -> Self {
+        let mut args = kafka::KafkaArgs::new(bootstrap_servers());
+        args.topic_prefix = format!("{}.", unique("t"));
+        let specs = contracts::topics::plan(&args.topic_prefix);
+        let settings = kafka::TopicArgs { partitions, replicas: 1 };
+        let report = kafka::topics::ensure(&args, &settings, &specs).await.expect("create test topics");
+        assert!(report.is_consistent(), "{report}");
+        Self { names: specs.into_iter().map(|spec| spec.name).collect(), args }
+    }
+
+    /// The test's name for contract topic `name`.
+    pub fn topic(&self, name: &str) -> String {
+        self.args.topic(name)
+    }
+}
+
+impl Drop for TestTopics {
+    fn drop(&mut self) {
+        let args = self.args.clone();
+        let names = std::mem::take(&mut self.names);
+        let deleted = std::thread::spawn(move || {
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            futures::executor::block_on(kafka::topics::delete(&args, &names))
+        })
+        .join();
+        if let Ok(Err(error)) = deleted {
+            eprintln!("could not delete test topics: {error}");
+        }
+    }
+}

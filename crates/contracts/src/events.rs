@@ -114,12 +114,8 @@ pub enum RejectionReason {
 }
 
 impl RejectionReason {
-    pub const ALL: [RejectionReason; 4] = [
-        Self::BlockedByAntifraud,
-        Self::AccountNotFound,
-        Self::CurrencyMismatch,
-        Self::InsufficientFunds,
-    ];
+    pub const ALL: [RejectionReason; 4] =
+        [Self::BlockedByAntifraud, Self::AccountNotFound, Self::CurrencyMismatch, Self::InsufficientFunds];
 
     /// The wire and database spelling.
     pub fn as_str(&self) -> &'static str {
@@ -152,12 +148,8 @@ pub enum EventType {
 }
 
 impl EventType {
-    pub const ALL: [EventType; 4] = [
-        Self::TransferRequested,
-        Self::TransferAnalysed,
-        Self::TransferRejected,
-        Self::TransferSettled,
-    ];
+    pub const ALL: [EventType; 4] =
+        [Self::TransferRequested, Self::TransferAnalysed, Self::TransferRejected, Self::TransferSettled];
 
     pub fn as_str(&self) -> &'static str {
         match self {

@@ -69,9 +69,8 @@ pub fn encode_int(value: i32) -> [u8; 4] {
 }
 
 pub fn decode_int(bytes: &[u8]) -> Result<i32, HeaderDecodeError> {
-    let array: [u8; 4] = bytes
-        .try_into()
-        .map_err(|_| HeaderDecodeError::Length { expected: 4, actual: bytes.len() })?;
+    let array: [u8; 4] =
+        bytes.try_into().map_err(|_| HeaderDecodeError::Length { expected: 4, actual: bytes.len() })?;
     Ok(i32::from_be_bytes(array))
 }
 
@@ -81,9 +80,8 @@ pub fn encode_long(value: i64) -> [u8; 8] {
 }
 
 pub fn decode_long(bytes: &[u8]) -> Result<i64, HeaderDecodeError> {
-    let array: [u8; 8] = bytes
-        .try_into()
-        .map_err(|_| HeaderDecodeError::Length { expected: 8, actual: bytes.len() })?;
+    let array: [u8; 8] =
+        bytes.try_into().map_err(|_| HeaderDecodeError::Length { expected: 8, actual: bytes.len() })?;
     Ok(i64::from_be_bytes(array))
 }
 

@@ -23,7 +23,6 @@ pub mod time;
 pub mod topics;
 
 pub use events::{
-    EventType, RejectionReason, TransferAnalysed, TransferRejected, TransferRequested,
-    TransferSettled,
+    EventType, RejectionReason, TransferAnalysed, TransferRejected, TransferRequested, TransferSettled,
 };
 pub use time::Timestamp;

@@ -9,7 +9,11 @@ use rdkafka::ClientConfig;
 #[derive(Debug, Clone, clap::Args)]
 pub struct KafkaArgs {
     /// Kafka bootstrap servers, comma-separated host:port.
-    #[arg(long = "kafka-bootstrap-servers", env = "KAFKA_BOOTSTRAP_SERVERS", default_value = "localhost:9092")]
+    #[arg(
+        long = "kafka-bootstrap-servers",
+        env = "KAFKA_BOOTSTRAP_SERVERS",
+        default_value = "localhost:9092"
+    )]
     pub bootstrap_servers: String,
 
     /// Consumer group protocol: `consumer` (KIP-848, the broker assigns partitions) or `classic`.
@@ -119,7 +123,10 @@ pub fn transactional_producer_config(
     let mut config = producer_config(args, client_id, linger);
     config
         .set("transactional.id", transactional_id)
-        .set("transaction.timeout.ms", TRANSACTION_TIMEOUT.as_millis().to_string());
+        .set("transaction.timeout.ms", TRANSACTION_TIMEOUT.as_millis().to_string())
+        // librdkafka refuses a delivery timeout longer than the transaction timeout (a record
+        // must be delivered or failed before its transaction can time out)
+        .set("delivery.timeout.ms", TRANSACTION_TIMEOUT.as_millis().to_string());
     config
 }
 
@@ -134,7 +141,12 @@ pub enum OffsetCommit {
 }
 
 /// A consumer that writes somewhere: `read_committed`, `earliest`, no offset moves on its own.
-pub fn consumer_config(args: &KafkaArgs, client_id: &str, group_id: &str, commit: OffsetCommit) -> ClientConfig {
+pub fn consumer_config(
+    args: &KafkaArgs,
+    client_id: &str,
+    group_id: &str,
+    commit: OffsetCommit,
+) -> ClientConfig {
     let mut config = base(args, client_id);
     config
         .set("group.id", group_id)
@@ -145,9 +157,9 @@ pub fn consumer_config(args: &KafkaArgs, client_id: &str, group_id: &str, commit
         .set("enable.auto.offset.store", "false")
         .set("enable.partition.eof", "false");
     match commit {
-        OffsetCommit::StoredAfterHandling => config
-            .set("enable.auto.commit", "true")
-            .set("auto.commit.interval.ms", "500"),
+        OffsetCommit::StoredAfterHandling => {
+            config.set("enable.auto.commit", "true").set("auto.commit.interval.ms", "500")
+        }
         OffsetCommit::InTransaction => config.set("enable.auto.commit", "false"),
     };
     if args.group_protocol == GroupProtocol::Classic {
@@ -184,6 +196,7 @@ mod tests {
         let tx = transactional_producer_config(&args, "test", "tx-antifraude-a", Duration::ZERO);
         assert_eq!(tx.get("transactional.id"), Some("tx-antifraude-a"));
         assert_eq!(tx.get("transaction.timeout.ms"), Some("10000"));
+        assert_eq!(tx.get("delivery.timeout.ms"), Some("10000"));
         assert_eq!(tx.get("partitioner"), Some("murmur2_random"));
     }
 

@@ -30,9 +30,7 @@ pub type KafkaConsumer = StreamConsumer<Context>;
 /// Creates a consumer from `config` and subscribes it to `topics`.
 pub fn subscribe(config: &ClientConfig, topics: &[&str]) -> Result<Arc<KafkaConsumer>, Error> {
     let consumer: KafkaConsumer = config.create_with_context(Context).map_err(Error::Config)?;
-    consumer
-        .subscribe(topics)
-        .map_err(|source| Error::Consumer { operation: "subscribe", source })?;
+    consumer.subscribe(topics).map_err(|source| Error::Consumer { operation: "subscribe", source })?;
     Ok(Arc::new(consumer))
 }
 
@@ -109,7 +107,9 @@ pub async fn run<H: Handler>(
     match final_commit {
         // nothing stored since the last background commit, or no partitions left
         Ok(()) | Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
-        Err(error) => tracing::warn!(%error, "final offset commit failed; records since the last commit will be redelivered"),
+        Err(error) => {
+            tracing::warn!(%error, "final offset commit failed; records since the last commit will be redelivered")
+        }
     }
     result
 }
@@ -131,7 +131,8 @@ async fn consume<H: Handler>(
             let started = Instant::now();
             match handler.handle(&batch).await {
                 Ok(()) => {
-                    metrics::histogram!("kafka_batch_handling_seconds").record(started.elapsed().as_secs_f64());
+                    metrics::histogram!("kafka_batch_handling_seconds")
+                        .record(started.elapsed().as_secs_f64());
                     store_offsets(consumer, &batch);
                     break;
                 }
@@ -182,7 +183,9 @@ async fn receive(consumer: &KafkaConsumer) -> Result<OwnedMessage, Error> {
     loop {
         match consumer.recv().await {
             Ok(message) => return Ok(message.detach()),
-            Err(error) if is_fatal(&error) => return Err(Error::Consumer { operation: "receive", source: error }),
+            Err(error) if is_fatal(&error) => {
+                return Err(Error::Consumer { operation: "receive", source: error })
+            }
             Err(error) => {
                 tracing::warn!(%error, "consumer error; continuing");
                 tokio::time::sleep(Duration::from_millis(100)).await;

@@ -13,7 +13,10 @@ pub struct Context;
 impl ClientContext for Context {
     fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
         match level {
-            RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error => {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error => {
                 tracing::error!(target: "librdkafka", facility, "{message}")
             }
             RDKafkaLogLevel::Warning => tracing::warn!(target: "librdkafka", facility, "{message}"),

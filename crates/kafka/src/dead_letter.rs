@@ -155,7 +155,8 @@ mod tests {
 
     #[test]
     fn first_failure_writes_springs_headers() {
-        let original = OwnedHeaders::new().insert(Header { key: "traceparent", value: Some("00-abc".as_bytes()) });
+        let original =
+            OwnedHeaders::new().insert(Header { key: "traceparent", value: Some("00-abc".as_bytes()) });
         let letter = dead_letter(&source(original), "ledger", &failure());
         assert_eq!(letter.topic, "transferencias.analisada-dlt");
         assert_eq!(letter.partition, Some(7));

@@ -42,9 +42,11 @@ impl OutgoingRecord {
     }
 
     pub(crate) fn owned_headers(&self) -> OwnedHeaders {
-        self.headers.iter().fold(OwnedHeaders::new_with_capacity(self.headers.len()), |headers, (key, value)| {
-            headers.insert(Header { key, value: Some(value) })
-        })
+        self.headers
+            .iter()
+            .fold(OwnedHeaders::new_with_capacity(self.headers.len()), |headers, (key, value)| {
+                headers.insert(Header { key, value: Some(value) })
+            })
     }
 
     pub(crate) fn as_future_record<'a>(&'a self, headers: OwnedHeaders) -> FutureRecord<'a, [u8], [u8]> {

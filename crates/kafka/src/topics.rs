@@ -70,12 +70,16 @@ impl fmt::Display for Report {
 type Admin = AdminClient<Context>;
 
 fn connect(args: &KafkaArgs) -> Result<Arc<Admin>, Error> {
-    let admin: Admin = admin_config(args, "pagamentos-admin").create_with_context(Context).map_err(Error::Config)?;
+    let admin: Admin =
+        admin_config(args, "pagamentos-admin").create_with_context(Context).map_err(Error::Config)?;
     Ok(Arc::new(admin))
 }
 
 /// Layout of every existing topic: name → (partitions, replication factor).
-async fn existing_topics(admin: &Arc<Admin>, bootstrap: &str) -> Result<HashMap<String, (usize, usize)>, Error> {
+async fn existing_topics(
+    admin: &Arc<Admin>,
+    bootstrap: &str,
+) -> Result<HashMap<String, (usize, usize)>, Error> {
     let client = admin.clone();
     let metadata = tokio::task::spawn_blocking(move || client.inner().fetch_metadata(None, CONNECT_TIMEOUT))
         .await?
@@ -133,7 +137,8 @@ pub async fn ensure(args: &KafkaArgs, settings: &TopicArgs, specs: &[TopicSpec])
             }
         }
     }
-    let existing = if raced.is_empty() { existing } else { existing_topics(&admin, &args.bootstrap_servers).await? };
+    let existing =
+        if raced.is_empty() { existing } else { existing_topics(&admin, &args.bootstrap_servers).await? };
 
     let to_verify: Vec<&TopicSpec> = specs.iter().filter(|spec| !created.contains(&spec.name)).collect();
     let configs = if to_verify.is_empty() {
@@ -167,11 +172,13 @@ pub async fn ensure(args: &KafkaArgs, settings: &TopicArgs, specs: &[TopicSpec])
                 let value = |name: &str| resource.get(name).and_then(|entry| entry.value.clone());
                 let actual_min_insync = value("min.insync.replicas").unwrap_or_default();
                 if actual_min_insync != min_insync {
-                    differences.push(format!("min.insync.replicas {actual_min_insync}, configured {min_insync}"));
+                    differences
+                        .push(format!("min.insync.replicas {actual_min_insync}, configured {min_insync}"));
                 }
                 let actual_retention = value("retention.ms").unwrap_or_default();
                 if actual_retention != spec.retention_ms.to_string() {
-                    differences.push(format!("retention.ms {actual_retention}, configured {}", spec.retention_ms));
+                    differences
+                        .push(format!("retention.ms {actual_retention}, configured {}", spec.retention_ms));
                 }
             }
             Err(code) => differences.push(format!("configuration unreadable: {code}")),
@@ -196,7 +203,10 @@ pub async fn delete(args: &KafkaArgs, names: &[&str]) -> Result<(), Error> {
         match result {
             Ok(_) | Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
             Err((_, code)) => {
-                return Err(Error::Admin { operation: "delete_topics", source: rdkafka::error::KafkaError::AdminOp(code) })
+                return Err(Error::Admin {
+                    operation: "delete_topics",
+                    source: rdkafka::error::KafkaError::AdminOp(code),
+                })
             }
         }
     }

@@ -36,7 +36,11 @@ fn transaction_error(operation: &'static str, source: KafkaError) -> Error {
         _ => false,
     } || matches!(
         source.rdkafka_error_code(),
-        Some(RDKafkaErrorCode::Fenced | RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch)
+        Some(
+            RDKafkaErrorCode::Fenced
+                | RDKafkaErrorCode::ProducerFenced
+                | RDKafkaErrorCode::InvalidProducerEpoch
+        )
     );
     Error::Transaction { operation, fatal, source }
 }
@@ -84,7 +88,11 @@ impl TransactionalProducer {
     /// Adds the consumed `offsets` (next offset to read, per partition) to the transaction.
     /// `group` must be read from the consumer right before this call: under KIP-848 the member
     /// epoch changes without a rebalance callback, and stale metadata fences spuriously.
-    pub async fn send_offsets(&self, offsets: TopicPartitionList, group: ConsumerGroupMetadata) -> Result<(), Error> {
+    pub async fn send_offsets(
+        &self,
+        offsets: TopicPartitionList,
+        group: ConsumerGroupMetadata,
+    ) -> Result<(), Error> {
         self.blocking("send_offsets", move |producer| {
             producer.send_offsets_to_transaction(&offsets, &group, CALL_TIMEOUT)
         })

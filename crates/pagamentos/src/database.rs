@@ -45,13 +45,14 @@ pub fn redacted(url: &str) -> String {
 
 /// A small pool on `url`, failing within [`CONNECT_TIMEOUT`] with the address and the cause.
 pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
-    let options: PgConnectOptions = url
-        .parse()
-        .with_context(|| format!("invalid database URL for {}", redacted(url)))?;
+    let options: PgConnectOptions =
+        url.parse().with_context(|| format!("invalid database URL for {}", redacted(url)))?;
     // one plain connection first: a pool would hide "connection refused" behind its own timeout
     let probe = tokio::time::timeout(CONNECT_TIMEOUT, options.connect())
         .await
-        .map_err(|_| anyhow::anyhow!("PostgreSQL at {} did not answer within {CONNECT_TIMEOUT:?}", redacted(url)))?
+        .map_err(|_| {
+            anyhow::anyhow!("PostgreSQL at {} did not answer within {CONNECT_TIMEOUT:?}", redacted(url))
+        })?
         .with_context(|| format!("PostgreSQL at {} unreachable", redacted(url)))?;
     drop(probe);
     let pool = PgPoolOptions::new()

@@ -43,10 +43,7 @@ enum Command {
 /// variable is reported with the variable's name, which clap alone does not say.
 fn parse_arguments() -> Cli {
     let command = Cli::command();
-    let parsed = command
-        .clone()
-        .try_get_matches()
-        .and_then(|matches| Cli::from_arg_matches(&matches));
+    let parsed = command.clone().try_get_matches().and_then(|matches| Cli::from_arg_matches(&matches));
     match parsed {
         Ok(cli) => cli,
         Err(error) => {
@@ -67,7 +64,8 @@ fn parse_arguments() -> Cli {
 fn environment_source(command: &clap::Command, error: &clap::Error) -> Option<String> {
     let Some(ContextValue::String(invalid)) = error.get(ContextKind::InvalidArg) else { return None };
     let long = invalid.split_whitespace().next()?.trim_start_matches("--");
-    let given_on_command_line = std::env::args().any(|arg| arg == format!("--{long}") || arg.starts_with(&format!("--{long}=")));
+    let given_on_command_line =
+        std::env::args().any(|arg| arg == format!("--{long}") || arg.starts_with(&format!("--{long}=")));
     if given_on_command_line {
         return None;
     }

@@ -32,10 +32,7 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
             continue;
         }
         let pool = connect(url, 1).await?;
-        migrator
-            .run(&pool)
-            .await
-            .with_context(|| format!("migrating {}", redacted(url)))?;
+        migrator.run(&pool).await.with_context(|| format!("migrating {}", redacted(url)))?;
         let latest = migrator.iter().map(|migration| migration.version).max().unwrap_or_default();
         println!("migrated {} to version {latest}", redacted(url));
         pool.close().await;

@@ -64,10 +64,7 @@ async fn readyz(State(state): State<HealthState>) -> Response {
 }
 
 async fn render_metrics(State(state): State<HealthState>) -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-        state.metrics.render(),
-    )
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render())
         .into_response()
 }
 
@@ -103,10 +100,8 @@ mod tests {
     }
 
     async fn get(app: Router, path: &str) -> (StatusCode, String) {
-        let response = app
-            .oneshot(Request::get(path).body(Body::empty()).expect("request"))
-            .await
-            .expect("response");
+        let response =
+            app.oneshot(Request::get(path).body(Body::empty()).expect("request")).await.expect("response");
         let status = response.status();
         let body = response.into_body().collect().await.expect("body").to_bytes();
         (status, String::from_utf8(body.to_vec()).expect("utf-8"))

@@ -5,8 +5,10 @@ use std::sync::OnceLock;
 use opentelemetry::propagation::TextMapCompositePropagator;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::propagation::{BaggagePropagator, TraceContextPropagator};
-use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
+use tracing_opentelemetry::OpenTelemetryLayer;
 use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
 
@@ -25,11 +27,8 @@ pub const DEFAULT_FILTER: &str = "info,sqlx::postgres::notice=warn";
 
 static TRACER_PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
 
-/// Installs the global subscriber: `RUST_LOG` filtering (default [`DEFAULT_FILTER`]), log lines in `format`,
-/// and an OpenTelemetry layer so spans carry W3C trace ids. Safe to call more than once (tests):
-/// later calls keep the first set-up.
-pub fn init(service_name: &'static str, format: LogFormat) {
-    let provider = TRACER_PROVIDER.get_or_init(|| {
+fn tracer_provider() -> &'static SdkTracerProvider {
+    TRACER_PROVIDER.get_or_init(|| {
         opentelemetry::global::set_text_map_propagator(TextMapCompositePropagator::new(vec![
             Box::new(TraceContextPropagator::new()),
             Box::new(BaggagePropagator::new()),
@@ -39,8 +38,23 @@ pub fn init(service_name: &'static str, format: LogFormat) {
         let provider = SdkTracerProvider::builder().build();
         opentelemetry::global::set_tracer_provider(provider.clone());
         provider
-    });
-    let otel = tracing_opentelemetry::layer().with_tracer(provider.tracer(service_name));
+    })
+}
+
+/// The layer that gives every span an OpenTelemetry context (trace and span ids), for
+/// subscribers built elsewhere (tests).
+pub fn otel_layer<S>(service_name: &'static str) -> OpenTelemetryLayer<S, SdkTracer>
+where
+    S: tracing::Subscriber + for<'span> LookupSpan<'span>,
+{
+    tracing_opentelemetry::layer().with_tracer(tracer_provider().tracer(service_name))
+}
+
+/// Installs the global subscriber: `RUST_LOG` filtering (default [`DEFAULT_FILTER`]), log
+/// lines in `format`, and an OpenTelemetry layer so spans carry W3C trace ids. Safe to call
+/// more than once: later calls keep the first set-up.
+pub fn init(service_name: &'static str, format: LogFormat) {
+    let otel = otel_layer(service_name);
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     let registry = tracing_subscriber::registry().with(filter).with(otel);
     let result = match format {
@@ -54,9 +68,9 @@ pub fn init(service_name: &'static str, format: LogFormat) {
                     .with_writer(std::io::stderr),
             )
             .try_init(),
-        LogFormat::Pretty => registry
-            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
-            .try_init(),
+        LogFormat::Pretty => {
+            registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr)).try_init()
+        }
     };
     // a subscriber installed earlier (another test in this process) is fine
     drop(result);

@@ -24,6 +24,16 @@ pub fn bootstrap_servers() -> String {
     std::env::var("KAFKA_BOOTSTRAP_SERVERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
 }
 
+/// Connection settings for the local stack; `KAFKA_GROUP_PROTOCOL=classic` runs the suite
+/// with the classic group protocol instead of KIP-848.
+pub fn kafka_args() -> kafka::KafkaArgs {
+    let mut args = kafka::KafkaArgs::new(bootstrap_servers());
+    if std::env::var("KAFKA_GROUP_PROTOCOL").as_deref() == Ok("classic") {
+        args.group_protocol = kafka::GroupProtocol::Classic;
+    }
+    args
+}
+
 /// A database URL of the local stack whose role may create databases.
 pub fn admin_database_url() -> String {
     std::env::var("PAGAMENTOS_TEST_DATABASE_URL")
@@ -36,17 +46,20 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", &id[..12])
 }
 
-/// Quiet logs unless `TEST_LOG` is set (then pretty logs at `RUST_LOG`, default `info`).
+/// Logs through the test harness (shown only for failing tests) at `RUST_LOG` (default
+/// `info`), with the OpenTelemetry layer so spans have trace context as in the services.
 pub fn init_logs() {
-    if std::env::var_os("TEST_LOG").is_some() {
-        telemetry_init();
-    }
-}
-
-fn telemetry_init() {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    drop(tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init());
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(telemetry::logging::DEFAULT_FILTER));
+    let result = tracing_subscriber::registry()
+        .with(filter)
+        .with(telemetry::logging::otel_layer("test"))
+        .with(tracing_subscriber::fmt::layer().with_test_writer())
+        .try_init();
+    // the first test of the binary installed it already
+    drop(result);
 }
 
 /// Polls `condition` every 50 ms until it returns `Some`, or panics naming `what` after
@@ -77,15 +90,19 @@ pub struct TestDatabase {
 impl TestDatabase {
     /// Creates `test_<random>` and applies `migrator` to it.
     pub async fn create(migrator: &sqlx::migrate::Migrator) -> Self {
+        let database = Self::empty().await;
+        migrator.run(&database.pool).await.expect("migrate test database");
+        database
+    }
+
+    /// Creates `test_<random>` with no tables.
+    pub async fn empty() -> Self {
         let admin_url = admin_database_url();
         let name = unique("test").replace('-', "_");
-        let mut admin = PgConnection::connect(&admin_url)
-            .await
-            .unwrap_or_else(|error| panic!("connect to {admin_url} (is `scripts/stack up` running?): {error}"));
-        admin
-            .execute(format!(r#"CREATE DATABASE "{name}""#).as_str())
-            .await
-            .expect("create test database");
+        let mut admin = PgConnection::connect(&admin_url).await.unwrap_or_else(|error| {
+            panic!("connect to {admin_url} (is `scripts/stack up` running?): {error}")
+        });
+        admin.execute(format!(r#"CREATE DATABASE "{name}""#).as_str()).await.expect("create test database");
         let options: PgConnectOptions = admin_url.parse().expect("admin database url");
         let options = options.database(&name);
         let url = options.to_url_lossy().to_string();
@@ -94,7 +111,6 @@ impl TestDatabase {
             .connect_with(options)
             .await
             .expect("connect to test database");
-        migrator.run(&pool).await.expect("migrate test database");
         Self { name, url, pool }
     }
 }
@@ -130,9 +146,27 @@ pub struct TestTopics {
 impl TestTopics {
     /// Creates the whole topic plan of the contract behind a fresh prefix.
     pub async fn plan(partitions: i32) -> Self {
-        let mut args = kafka::KafkaArgs::new(bootstrap_servers());
+        let mut args = kafka_args();
         args.topic_prefix = format!("{}.", unique("t"));
         let specs = contracts::topics::plan(&args.topic_prefix);
+        let settings = kafka::TopicArgs { partitions, replicas: 1 };
+        let report = kafka::topics::ensure(&args, &settings, &specs).await.expect("create test topics");
+        assert!(report.is_consistent(), "{report}");
+        Self { names: specs.into_iter().map(|spec| spec.name).collect(), args }
+    }
+
+    /// Creates `bases` (and nothing else) behind a fresh prefix.
+    pub async fn create(bases: &[&str], partitions: i32) -> Self {
+        let mut args = kafka_args();
+        args.topic_prefix = format!("{}.", unique("t"));
+        let specs: Vec<contracts::topics::TopicSpec> = bases
+            .iter()
+            .map(|base| contracts::topics::TopicSpec {
+                name: args.topic(base),
+                kind: contracts::topics::TopicKind::Event,
+                retention_ms: contracts::topics::EVENT_RETENTION_MS,
+            })
+            .collect();
         let settings = kafka::TopicArgs { partitions, replicas: 1 };
         let report = kafka::topics::ensure(&args, &settings, &specs).await.expect("create test topics");
         assert!(report.is_consistent(), "{report}");

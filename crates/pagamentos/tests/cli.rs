@@ -1,0 +1,161 @@
+//! `pagamentos migrate` and `pagamentos topics` as an operator runs them, against the local
+//! stack, each test with a database or topic prefix of its own.
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use testkit::{unique, TestDatabase};
+
+/// Runs the binary with `env`, killing it if it outlives `limit` (then the test fails).
+fn pagamentos(args: &[&str], env: &[(&str, &str)], limit: Duration) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_pagamentos"));
+    command.args(args).env("LOG_FORMAT", "pretty").stdout(Stdio::piped()).stderr(Stdio::piped());
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let mut child = command.spawn().expect("start pagamentos");
+    let started = Instant::now();
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if started.elapsed() > limit {
+            child.kill().expect("kill");
+            panic!("pagamentos {args:?} still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[tokio::test]
+async fn migrate_creates_the_ledger_schema_once() {
+    let database = TestDatabase::empty().await;
+    for run in 0..2 {
+        let output = pagamentos(
+            &["migrate", "--only", "ledger"],
+            &[("LEDGER_DATABASE_URL", &database.url)],
+            Duration::from_secs(60),
+        );
+        assert!(output.status.success(), "run {run}: {}", text(&output.stderr));
+        assert!(text(&output.stdout).contains(&format!("/{} to version", database.name)));
+    }
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT table_name::text FROM information_schema.tables WHERE table_schema = 'public' ORDER BY 1",
+    )
+    .fetch_all(&database.pool)
+    .await
+    .expect("tables");
+    assert_eq!(
+        tables,
+        ["_sqlx_migrations", "conta", "deposito", "lancamento", "outbox_evento", "transferencia_processada"]
+    );
+
+    // the balance check: only issuer accounts may go negative
+    let insert = |id: &'static str, balance: i64, issuer: bool| {
+        sqlx::query("INSERT INTO conta (id, saldo_centavos, moeda, emissor) VALUES ($1, $2, 'BRL', $3)")
+            .bind(id)
+            .bind(balance)
+            .bind(issuer)
+            .execute(&database.pool)
+    };
+    insert("EMISSOR-BRL", -500, true).await.expect("an issuer may go negative");
+    let refused = insert("CC-001", -1, false).await.expect_err("a customer may not");
+    assert!(refused.to_string().contains("conta_saldo_centavos_check"), "{refused}");
+    // ids sort in byte order whatever the database's collation: the lock order
+    for id in ["a-1", "B-1", "_x"] {
+        insert(id, 0, false).await.expect("insert");
+    }
+    let order: Vec<String> =
+        sqlx::query_scalar("SELECT id FROM conta ORDER BY id").fetch_all(&database.pool).await.expect("ids");
+    assert_eq!(order, ["B-1", "EMISSOR-BRL", "_x", "a-1"]);
+}
+
+#[tokio::test]
+async fn migrate_creates_the_transfers_schema() {
+    let database = TestDatabase::empty().await;
+    let output = pagamentos(
+        &["migrate", "--only", "transferencias"],
+        &[("TRANSFERENCIAS_DATABASE_URL", &database.url)],
+        Duration::from_secs(60),
+    );
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT table_name::text FROM information_schema.tables WHERE table_schema = 'public' ORDER BY 1",
+    )
+    .fetch_all(&database.pool)
+    .await
+    .expect("tables");
+    assert_eq!(tables, ["_sqlx_migrations", "outbox_evento", "transferencia"]);
+}
+
+#[tokio::test]
+async fn topics_twice_is_idempotent_and_a_difference_exits_1() {
+    let prefix = format!("{}.", unique("cli"));
+    let env = [("PAGAMENTOS_TOPIC_PREFIX", prefix.as_str()), ("APP_KAFKA_PARTITIONS", "1")];
+    let limit = Duration::from_secs(60);
+
+    let first = pagamentos(&["topics"], &env, limit);
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let stdout = text(&first.stdout);
+    assert_eq!(stdout.lines().filter(|line| line.starts_with("created")).count(), 14, "{stdout}");
+    assert!(stdout.contains(&format!("{prefix}transferencias.analisada-dlt")), "{stdout}");
+
+    let second = pagamentos(&["topics"], &env, limit);
+    assert!(second.status.success(), "{}", text(&second.stderr));
+    let stdout = text(&second.stdout);
+    assert_eq!(stdout.lines().filter(|line| line.starts_with("ok")).count(), 14, "{stdout}");
+
+    let differs = pagamentos(&["topics", "--partitions", "2"], &env, limit);
+    assert_eq!(differs.status.code(), Some(1));
+    assert!(text(&differs.stdout).contains("DIFFERS"), "{}", text(&differs.stdout));
+    assert!(text(&differs.stdout).contains("1 partitions, configured 2"));
+    assert!(text(&differs.stderr).contains("differ from the configuration"));
+
+    let args = kafka::KafkaArgs {
+        topic_prefix: prefix.clone(),
+        ..kafka::KafkaArgs::new(testkit::bootstrap_servers())
+    };
+    let names: Vec<String> = contracts::topics::plan(&prefix).into_iter().map(|spec| spec.name).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    kafka::topics::delete(&args, &names).await.expect("clean up");
+}
+
+#[test]
+fn an_unreachable_kafka_fails_in_bounded_time_naming_the_address() {
+    let output =
+        pagamentos(&["topics"], &[("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")], Duration::from_secs(30));
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("Kafka at 127.0.0.1:1 unreachable"), "{stderr}");
+}
+
+#[test]
+fn an_unreachable_database_fails_in_bounded_time_naming_the_address() {
+    let output = pagamentos(
+        &["migrate"],
+        &[("TRANSFERENCIAS_DATABASE_URL", "postgres://pagamentos:secret@127.0.0.1:1/transferencias")],
+        Duration::from_secs(30),
+    );
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("PostgreSQL at 127.0.0.1:1/transferencias unreachable"), "{stderr}");
+    assert!(stderr.contains("Connection refused"), "{stderr}");
+    assert!(!stderr.contains("secret"), "the password leaked: {stderr}");
+}
+
+#[test]
+fn a_malformed_environment_value_is_refused_naming_the_variable() {
+    for (variable, value) in
+        [("APP_KAFKA_PARTITIONS", "twelve"), ("APP_KAFKA_REPLICAS", "0"), ("KAFKA_GROUP_PROTOCOL", "fast")]
+    {
+        let output = pagamentos(&["topics"], &[(variable, value)], Duration::from_secs(10));
+        assert_eq!(output.status.code(), Some(2), "{variable}={value}");
+        let stderr = text(&output.stderr);
+        assert!(stderr.contains(value), "{stderr}");
+        assert!(stderr.contains(variable), "{variable} not named: {stderr}");
+    }
+}

@@ -2,7 +2,7 @@
 //!
 //! These restart the one shared stack, so they would break every test running beside them:
 //! they are `#[ignore]`d and `scripts/test` runs them alone, after the rest of the suite
-//! (`cargo test -p testkit --test stack_restart -- --ignored --test-threads=1`).
+//! (`cargo test --workspace --test stack_restart -- --ignored --test-threads=1`).
 
 use std::path::PathBuf;
 use std::process::Command;

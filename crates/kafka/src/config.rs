@@ -20,8 +20,8 @@ pub struct KafkaArgs {
     #[arg(long = "kafka-group-protocol", env = "KAFKA_GROUP_PROTOCOL", value_enum, default_value_t = GroupProtocol::Consumer)]
     pub group_protocol: GroupProtocol,
 
-    /// Prefix for every topic name (empty in production); lets several systems or tests share
-    /// one cluster.
+    /// Prefix for every topic name and consumer group id (empty in production); lets several
+    /// systems or tests share one cluster.
     #[arg(long = "topic-prefix", env = "PAGAMENTOS_TOPIC_PREFIX", default_value = "")]
     pub topic_prefix: String,
 }
@@ -38,6 +38,11 @@ impl KafkaArgs {
 
     /// `name` behind the configured prefix.
     pub fn topic(&self, name: &str) -> String {
+        format!("{}{name}", self.topic_prefix)
+    }
+
+    /// Consumer group `name` behind the same prefix, so isolated topic sets get isolated groups.
+    pub fn group(&self, name: &str) -> String {
         format!("{}{name}", self.topic_prefix)
     }
 }
@@ -58,6 +63,26 @@ pub struct TopicArgs {
 impl TopicArgs {
     pub fn min_insync_replicas(&self) -> i32 {
         self.replicas.min(2)
+    }
+}
+
+/// How each hop batches: `fast` is ours; `reference` reproduces the article's settings for
+/// side-by-side benchmarks (relay polling every 200 ms with 100 rows and no wake-up, one Kafka
+/// transaction per record, one database transaction per record, producer `linger.ms=5`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Profile {
+    Fast,
+    Reference,
+}
+
+impl Profile {
+    /// Producer `linger.ms`: 1 ms batches concurrent sends without adding visible latency;
+    /// the article uses 5 ms.
+    pub fn linger(&self) -> Duration {
+        match self {
+            Self::Fast => Duration::from_millis(1),
+            Self::Reference => Duration::from_millis(5),
+        }
     }
 }
 

@@ -14,6 +14,7 @@
 //! - [`dead_letter`]: dead letters with Spring Kafka's `kafka_dlt-*` headers.
 //! - [`trace`]: W3C trace context to and from record headers.
 //! - [`topics`]: create or verify every topic of the plan.
+//! - [`health`]: Kafka readiness for `/readyz`.
 //!
 //! # Architecture invariant
 //! Knows no service and no database. Handlers decide what a record means; this crate only
@@ -24,11 +25,12 @@ pub mod consumer;
 pub mod context;
 pub mod dead_letter;
 pub mod error;
+pub mod health;
 pub mod producer;
 pub mod topics;
 pub mod trace;
 pub mod transactional;
 
-pub use config::{GroupProtocol, KafkaArgs, TopicArgs};
+pub use config::{GroupProtocol, KafkaArgs, Profile, TopicArgs};
 pub use error::Error;
 pub use rdkafka;

@@ -4,12 +4,16 @@
 //! - [`database`]: the two database URLs and a bounded-time connection.
 //! - [`migrate`]: `pagamentos migrate`, both databases' embedded migrations.
 //! - [`topics`]: `pagamentos topics`, create or verify every topic.
+//! - [`services`]: the service subcommands (start, wait for the signal, drain).
+//! - [`shutdown`]: SIGINT/SIGTERM → one cancellation token → drain with a deadline.
 //!
 //! This crate only parses arguments, wires crates together and handles signals; the work is
 //! done in the crates it calls.
 
 mod database;
 mod migrate;
+mod services;
+mod shutdown;
 mod topics;
 
 use std::process::ExitCode;
@@ -32,6 +36,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// The transfers service: REST API (port 8080), outbox relay and status projection.
+    Transferencias(services::TransfersCommand),
     /// Apply the embedded database migrations (services also migrate on start).
     Migrate(migrate::MigrateArgs),
     /// Create or verify every topic idempotently; exit 1 if an existing topic differs from the
@@ -97,6 +103,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
+            Command::Transferencias(args) => services::transfers(args).await,
             Command::Migrate(args) => migrate::run(args).await,
             Command::Topics(args) => topics::run(args).await,
         }

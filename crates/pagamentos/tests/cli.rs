@@ -89,7 +89,7 @@ async fn migrate_creates_the_transfers_schema() {
     .fetch_all(&database.pool)
     .await
     .expect("tables");
-    assert_eq!(tables, ["_sqlx_migrations", "outbox_evento", "transferencia"]);
+    assert_eq!(tables, ["_sqlx_migrations", "chave_idempotencia", "outbox_evento", "transferencia"]);
 }
 
 #[tokio::test]

@@ -1,12 +1,179 @@
-//! `pagamentos transferencias`: the transfers service (issue #4 brings its API, outbox relay and
-//! status projection).
+//! `pagamentos transferencias`: the front door. A transfer accepted by the API is never lost and
+//! is announced on Kafka exactly as committed.
 //!
 //! # Layout
-//! - `migrations/`: the `transferencias` database schema, embedded as [`MIGRATOR`]: the
-//!   article's `transferencia` and `outbox_evento` tables.
+//! - [`api`]: the REST API (`POST/GET /transferencias`), problem+json errors, Idempotency-Key,
+//!   bearer tokens.
+//! - [`domain`]: a transfer request and every validation rule of the contract.
+//! - [`store`]: the `transferencias` database: transfer + outbox event + idempotency key in one
+//!   transaction; queries; the projection's idempotent status update.
+//! - [`projection`]: outcome events → final status (group `transferencias-projecao`).
+//! - `migrations/`: the schema, embedded as [`MIGRATOR`].
+//! - [`start`]: wires the API, the outbox relay, the backlog gauges and the projection.
 //!
 //! # Architecture invariant
-//! Owns the `transferencias` database; no other crate writes to it.
+//! Owns the `transferencias` database; no other crate writes to it. Knows other services only
+//! through the contract's events.
+
+pub mod api;
+pub mod domain;
+pub mod error;
+pub mod projection;
+pub mod store;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::postgres::PgPoolOptions;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use contracts::topics;
+use kafka::config::{consumer_config, producer_config, OffsetCommit};
+use kafka::consumer::LoopOptions;
+use kafka::dead_letter::DeadLetterPublisher;
+use kafka::producer::Producer;
+use kafka::{KafkaArgs, Profile, TopicArgs};
+use outbox::relay::{Relay, RelayOptions};
+
+pub use error::Error;
 
 /// The `transferencias` database's migrations, applied by `pagamentos migrate` and on start.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// How often expired Idempotency-Keys are deleted.
+const KEY_CLEANUP_INTERVAL: Duration = Duration::from_secs(600);
+
+/// Options of `pagamentos transferencias`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TransfersArgs {
+    /// Address the API listens on.
+    #[arg(long = "transferencias-listen", env = "TRANSFERENCIAS_LISTEN", default_value = "0.0.0.0:8080")]
+    pub listen: SocketAddr,
+
+    /// PostgreSQL URL of the transfers database.
+    #[arg(
+        long = "transferencias-database-url",
+        env = "TRANSFERENCIAS_DATABASE_URL",
+        default_value = "postgres://pagamentos:pagamentos@localhost:5432/transferencias",
+        hide_env_values = true
+    )]
+    pub database_url: String,
+
+    /// Most connections in the transfers database pool.
+    #[arg(long = "transferencias-database-connections", env = "TRANSFERENCIAS_DATABASE_CONNECTIONS", default_value_t = 16, value_parser = clap::value_parser!(u32).range(2..=200))]
+    pub database_connections: u32,
+
+    /// How long an Idempotency-Key is remembered, in seconds.
+    #[arg(long, env = "TRANSFERENCIAS_IDEMPOTENCY_KEY_TTL_SECONDS", default_value_t = 86_400, value_parser = clap::value_parser!(u64).range(1..))]
+    pub idempotency_key_ttl_seconds: u64,
+
+    /// When set, the API requires `Authorization: Bearer <token>`.
+    #[arg(long, env = "PAGAMENTOS_API_TOKEN", hide_env_values = true)]
+    pub api_token: Option<String>,
+
+    /// Accepted wherever the API token is.
+    #[arg(long, env = "PAGAMENTOS_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+}
+
+/// Everything a running transfers service needs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub args: TransfersArgs,
+    pub kafka: KafkaArgs,
+    pub topics: TopicArgs,
+    pub profile: Profile,
+}
+
+/// Connects, migrates, makes sure the topics exist, then spawns the API, the outbox relay,
+/// the backlog gauges and the projection on `tracker`. Returns the API's bound address (port
+/// 0 picks a free one). Everything stops when `shutdown` is cancelled: the API drains its
+/// requests, the relay and the projection finish the batch in hand.
+pub async fn start(settings: Settings, shutdown: CancellationToken, tracker: &TaskTracker) -> Result<SocketAddr, Error> {
+    let Settings { args, kafka, topics: topic_args, profile } = settings;
+    let options: sqlx::postgres::PgConnectOptions =
+        args.database_url.parse().map_err(|source| Error::Connect { address: "(unparsable URL)".into(), source })?;
+    let address = format!("{}:{}", options.get_host(), options.get_port());
+    let pool = PgPoolOptions::new()
+        .max_connections(args.database_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await
+        .map_err(|source| Error::Connect { address, source })?;
+    MIGRATOR.run(&pool).await?;
+
+    let report = kafka::topics::ensure(&kafka, &topic_args, &topics::plan(&kafka.topic_prefix)).await?;
+    if !report.is_consistent() {
+        tracing::warn!(report = %report, "existing topics differ from the configuration");
+    }
+
+    let producer = Producer::new(&producer_config(&kafka, "transferencias", profile.linger()))?;
+    let state = api::AppState {
+        pool: pool.clone(),
+        requested_topic: Arc::from(kafka.topic(topics::REQUESTED)),
+        idempotency_ttl: Duration::from_secs(args.idempotency_key_ttl_seconds),
+        tokens: api::auth::Tokens { api: args.api_token.clone(), admin: args.admin_token.clone() },
+    };
+    let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> = vec![
+        Arc::new(outbox::health::DatabaseReady::new(pool.clone())),
+        Arc::new(kafka::health::KafkaReady::new(producer.clone())),
+    ];
+    let app = api::router(state).merge(telemetry::health::router(checks, telemetry::metrics::install()));
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|source| Error::Bind { address: args.listen.to_string(), source })?;
+    let bound = listener.local_addr().map_err(|source| Error::Bind { address: args.listen.to_string(), source })?;
+    tracing::info!(address = %bound, "transferencias API listening");
+    {
+        let shutdown = shutdown.clone();
+        tracker.spawn(async move {
+            let served = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await;
+            if let Err(error) = served {
+                tracing::error!(%error, "transferencias API stopped");
+            }
+        });
+    }
+
+    let relay_options = match profile {
+        Profile::Fast => RelayOptions::fast("transferencias"),
+        Profile::Reference => RelayOptions::reference("transferencias"),
+    };
+    tracker.spawn(Relay::new(pool.clone(), producer.clone(), relay_options).run(shutdown.clone()));
+    tracker.spawn(outbox::metrics::run(pool.clone(), "transferencias", shutdown.clone()));
+
+    let group = kafka.group(topics::groups::TRANSFERS_PROJECTION);
+    let settled = kafka.topic(topics::SETTLED);
+    let rejected = kafka.topic(topics::REJECTED);
+    let consumer = kafka::consumer::subscribe(
+        &consumer_config(&kafka, "transferencias-projecao", &group, OffsetCommit::StoredAfterHandling),
+        &[&settled, &rejected],
+    )?;
+    let projection =
+        projection::Projection::new(pool.clone(), settled, DeadLetterPublisher::new(producer.clone(), group));
+    {
+        let shutdown = shutdown.clone();
+        tracker.spawn(async move {
+            if let Err(error) = kafka::consumer::run(consumer, projection, LoopOptions::default(), shutdown).await {
+                tracing::error!(error = %kafka::consumer::error_chain(&error), "projection stopped");
+            }
+        });
+    }
+
+    tracker.spawn(async move {
+        let mut interval = tokio::time::interval(KEY_CLEANUP_INTERVAL);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = interval.tick() => {}
+            }
+            match store::delete_expired_keys(&pool).await {
+                Ok(0) => {}
+                Ok(deleted) => tracing::info!(deleted, "expired Idempotency-Keys deleted"),
+                Err(error) => tracing::warn!(error = %kafka::consumer::error_chain(&error), "Idempotency-Key cleanup failed"),
+            }
+        }
+    });
+    Ok(bound)
+}

@@ -1,0 +1,73 @@
+//! The transactional outbox (reference article §4): an event is written to `outbox_evento` in
+//! the same database transaction as the business row it announces, and a relay publishes it to
+//! Kafka afterwards. No distributed transaction, no dual write: if the business row committed,
+//! the event will be published; if it rolled back, the event never existed.
+//!
+//! # Layout
+//! - [`insert`]: add an event to the caller's transaction.
+//! - [`relay`]: the relay loop: one active relay per database (an advisory lock), batches
+//!   claimed with `FOR UPDATE SKIP LOCKED`, published with the idempotent producer, marked
+//!   published in the same transaction once the broker acknowledged them.
+//! - [`metrics`]: `outbox_pendentes` and `outbox_oldest_pending_seconds`.
+//! - [`health`]: PostgreSQL readiness for `/readyz` (the shared floor of the services that own
+//!   a database).
+//!
+//! # Architecture invariant
+//! Knows the `outbox_evento` table and nothing else of a service's schema. Each service's own
+//! migrations create the table (the article's columns plus `traceparent`/`tracestate` and the
+//! `NOTIFY outbox_evento` insert trigger, see [`NOTIFY_CHANNEL`]).
+//!
+//! # Guarantees
+//! At least once: a crash after the broker's acknowledgement and before the mark publishes the
+//! row again with the same `eventoId` (consumers deduplicate by it); a row is never lost.
+//! Per-key order holds for events committed one after the other, because only the relay that
+//! holds the database's advisory lock publishes, in `criado_em` order, and the idempotent
+//! producer keeps each partition's order across retries.
+
+pub mod error;
+pub mod health;
+pub mod metrics;
+pub mod relay;
+
+pub use error::Error;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+/// The channel the `outbox_evento` insert trigger notifies, so any writer (ours or a Java
+/// service on the same table) wakes the relay at once.
+pub const NOTIFY_CHANNEL: &str = "outbox_evento";
+
+/// An event to publish.
+#[derive(Debug, Clone)]
+pub struct NewEvent<'a> {
+    /// The event's `eventoId`: the row's primary key.
+    pub id: Uuid,
+    pub topic: &'a str,
+    /// The record key (`contaOrigem` for every pagamentos event).
+    pub key: &'a str,
+    /// `evento-tipo`, e.g. `TransferenciaSolicitada`.
+    pub event_type: &'a str,
+    /// The JSON payload.
+    pub payload: &'a str,
+    /// W3C trace context of the span that wrote the event.
+    pub traceparent: Option<&'a str>,
+    pub tracestate: Option<&'a str>,
+}
+
+/// Writes `event` in the caller's open transaction.
+pub async fn insert(connection: &mut PgConnection, event: &NewEvent<'_>) -> Result<(), Error> {
+    sqlx::query(
+        "INSERT INTO outbox_evento (id, topico, chave, tipo, payload, traceparent, tracestate) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(event.id)
+    .bind(event.topic)
+    .bind(event.key)
+    .bind(event.event_type)
+    .bind(event.payload)
+    .bind(event.traceparent)
+    .bind(event.tracestate)
+    .execute(connection)
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,180 @@
+//! `/transferencias` handlers.
+
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use contracts::Timestamp;
+
+use super::auth::Caller;
+use super::body::JsonBody;
+use super::error::ApiError;
+use super::AppState;
+use crate::domain::{validate_account_syntax, FieldError, Status, TransferRequest};
+use crate::store::{self, Created, EventTarget, IdempotencyKey, ListFilter, Transfer};
+
+/// `Idempotency-Key`.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// Answered on a replay.
+pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+/// Longest Idempotency-Key.
+pub const IDEMPOTENCY_KEY_LENGTH_MAX: usize = 255;
+/// `limit` of `GET /transferencias`: default and ceiling.
+pub const LIST_LIMIT_DEFAULT: i64 = 50;
+pub const LIST_LIMIT_MAX: i64 = 500;
+
+/// A transfer as the API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct TransferView {
+    pub id: Uuid,
+    pub conta_origem: String,
+    pub conta_destino: String,
+    pub valor_em_centavos: i64,
+    pub moeda: String,
+    pub status: String,
+    pub motivo_rejeicao: Option<String>,
+    pub criada_em: Timestamp,
+    pub atualizada_em: Timestamp,
+}
+
+impl From<Transfer> for TransferView {
+    fn from(row: Transfer) -> Self {
+        Self {
+            id: row.id,
+            conta_origem: row.conta_origem,
+            conta_destino: row.conta_destino,
+            valor_em_centavos: row.valor_centavos,
+            moeda: row.moeda,
+            status: row.status,
+            motivo_rejeicao: row.motivo_rejeicao,
+            criada_em: row.criada_em.into(),
+            atualizada_em: row.atualizada_em.into(),
+        }
+    }
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get(IDEMPOTENCY_KEY) else { return Ok(None) };
+    let bytes = value.as_bytes();
+    if bytes.is_empty() || bytes.len() > IDEMPOTENCY_KEY_LENGTH_MAX || !bytes.iter().all(|b| (0x21..=0x7e).contains(b)) {
+        return Err(ApiError::BadRequest(format!(
+            "Idempotency-Key must be 1 to {IDEMPOTENCY_KEY_LENGTH_MAX} visible ASCII characters"
+        )));
+    }
+    Ok(Some(String::from_utf8_lossy(bytes).into_owned()))
+}
+
+/// `POST /transferencias` → `202` with the transfer, `PENDENTE`.
+#[tracing::instrument(skip_all, fields(transfer_id))]
+pub async fn create(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody,
+) -> Result<Response, ApiError> {
+    let key = idempotency_key(&headers)?;
+    let request = TransferRequest::parse(&body).map_err(ApiError::Validation)?;
+    let key = key.map(|key| IdempotencyKey {
+        scope: caller.scope.clone(),
+        key,
+        fingerprint: request.fingerprint(),
+        ttl: state.idempotency_ttl,
+    });
+    let span = tracing::Span::current();
+    let trace = telemetry::context::inject(&span);
+    let target = EventTarget {
+        topic: &state.requested_topic,
+        traceparent: trace.get("traceparent").map(String::as_str),
+        tracestate: trace.get("tracestate").map(String::as_str),
+    };
+    let (transfer, replayed) = match store::create(&state.pool, &request, key.as_ref(), &target).await? {
+        Created::New(transfer) => (transfer, false),
+        Created::Replayed(transfer) => (transfer, true),
+    };
+    span.record("transfer_id", tracing::field::display(transfer.id));
+    if replayed {
+        tracing::info!("idempotent replay");
+    } else {
+        metrics::counter!("transferencias_aceitas_total").increment(1);
+        tracing::info!(amount_cents = request.amount_cents, "transfer accepted");
+    }
+    let location = format!("/transferencias/{}", transfer.id);
+    let mut response = (StatusCode::ACCEPTED, Json(TransferView::from(transfer))).into_response();
+    let headers = response.headers_mut();
+    if let Ok(location) = HeaderValue::from_str(&location) {
+        headers.insert(header::LOCATION, location);
+    }
+    if replayed {
+        headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    }
+    Ok(response)
+}
+
+/// `GET /transferencias/{id}`.
+pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<TransferView>, ApiError> {
+    let id = Uuid::parse_str(&id).map_err(|_| ApiError::BadRequest(format!("{id:?} is not a transfer id (a UUID)")))?;
+    let transfer = store::find(&state.pool, id).await?.ok_or_else(|| ApiError::NotFound(format!("no transfer {id}")))?;
+    Ok(Json(transfer.into()))
+}
+
+/// Query of `GET /transferencias`; every field is text so a bad value gets our 400.
+#[derive(Debug, Deserialize)]
+pub struct ListQuery {
+    conta: Option<String>,
+    status: Option<String>,
+    limit: Option<String>,
+}
+
+/// `GET /transferencias?conta=&status=&limit=`, newest first.
+pub async fn list(
+    State(state): State<AppState>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Vec<TransferView>>, ApiError> {
+    let Query(query) = query.map_err(|rejection| ApiError::BadRequest(format!("bad query: {rejection}")))?;
+    let mut errors = Vec::new();
+    let account = match query.conta {
+        Some(account) => match validate_account_syntax(&account) {
+            Ok(()) => Some(account),
+            Err(message) => {
+                errors.push(FieldError { field: "conta", message });
+                None
+            }
+        },
+        None => None,
+    };
+    let status = match query.status.as_deref() {
+        None => None,
+        Some(text) => match Status::parse(text) {
+            Some(status) => Some(status),
+            None => {
+                errors.push(FieldError {
+                    field: "status",
+                    message: "must be PENDENTE, LIQUIDADA or REJEITADA".into(),
+                });
+                None
+            }
+        },
+    };
+    let limit = match query.limit.as_deref() {
+        None => LIST_LIMIT_DEFAULT,
+        Some(text) => match text.parse::<i64>() {
+            Ok(limit) if (1..=LIST_LIMIT_MAX).contains(&limit) => limit,
+            _ => {
+                errors.push(FieldError {
+                    field: "limit",
+                    message: format!("must be an integer from 1 to {LIST_LIMIT_MAX}"),
+                });
+                LIST_LIMIT_DEFAULT
+            }
+        },
+    };
+    if !errors.is_empty() {
+        return Err(ApiError::Validation(errors));
+    }
+    let rows = store::list(&state.pool, &ListFilter { account, status, limit }).await?;
+    Ok(Json(rows.into_iter().map(TransferView::from).collect()))
+}

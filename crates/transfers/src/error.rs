@@ -1,0 +1,41 @@
+//! Errors of the transfers service, in its own words.
+
+/// What can go wrong with the database.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error")]
+    Database(#[from] sqlx::Error),
+    #[error("outbox error")]
+    Outbox(#[from] outbox::Error),
+    #[error("event could not be encoded")]
+    Encode(#[source] serde_json::Error),
+    /// The Idempotency-Key was used before with another request.
+    #[error("the Idempotency-Key was already used with a different request")]
+    KeyReused,
+    /// Another request with the same Idempotency-Key is being processed.
+    #[error("a request with this Idempotency-Key is still being processed")]
+    KeyInFlight,
+    #[error("the Idempotency-Key points to a transfer that does not exist")]
+    KeyWithoutTransfer,
+}
+
+/// What can stop the service from starting or running.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("database at {address} unreachable")]
+    Connect {
+        address: String,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error("migrating the transferencias database failed")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error(transparent)]
+    Kafka(#[from] kafka::Error),
+    #[error("cannot listen on {address}")]
+    Bind {
+        address: String,
+        #[source]
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,102 @@
+//! The status projection (group `transferencias-projecao`): outcome events from
+//! `transferencias.liquidada` and `transferencias.rejeitada` set each transfer's final status.
+//!
+//! Idempotent and order-proof: only a `PENDENTE` transfer changes, so a duplicated or late
+//! event never overwrites a final status. An event for a transfer this database does not know
+//! is logged and counted (`projecao_transferencias_desconhecidas_total`), not retried forever.
+//! A record that is not a valid event goes to `<topic>-dlt` at once.
+
+use kafka::rdkafka::message::{Message, OwnedMessage};
+
+use contracts::{TransferRejected, TransferSettled};
+use kafka::consumer::Handler;
+use kafka::dead_letter::{DeadLetterPublisher, Failure};
+use sqlx::PgPool;
+
+use crate::domain::Status;
+use crate::error::StoreError;
+use crate::store::{self, Outcome};
+
+/// The `kafka_dlt-exception-fqcn` of an unreadable outcome event.
+pub const MALFORMED_EVENT: &str = "transfers::projection::MalformedEvent";
+
+/// A record that is not the event its topic carries.
+#[derive(Debug, thiserror::Error)]
+#[error("not a valid {expected} event: {source}")]
+pub struct MalformedEvent {
+    expected: &'static str,
+    #[source]
+    source: serde_json::Error,
+}
+
+/// Why a batch must be retried.
+#[derive(Debug, thiserror::Error)]
+pub enum ProjectionError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("dead letter not published")]
+    DeadLetter(#[from] kafka::Error),
+}
+
+/// The projection's batch handler.
+#[derive(Debug)]
+pub struct Projection {
+    pool: PgPool,
+    settled_topic: String,
+    dead_letters: DeadLetterPublisher,
+}
+
+impl Projection {
+    pub fn new(pool: PgPool, settled_topic: String, dead_letters: DeadLetterPublisher) -> Self {
+        Self { pool, settled_topic, dead_letters }
+    }
+
+    fn decode(&self, record: &OwnedMessage) -> Result<Outcome, MalformedEvent> {
+        let payload = record.payload().unwrap_or_default();
+        if record.topic() == self.settled_topic {
+            let event: TransferSettled = serde_json::from_slice(payload)
+                .map_err(|source| MalformedEvent { expected: "TransferenciaLiquidada", source })?;
+            Ok(Outcome { transfer_id: event.transfer_id, status: Status::Settled, reason: None })
+        } else {
+            let event: TransferRejected = serde_json::from_slice(payload)
+                .map_err(|source| MalformedEvent { expected: "TransferenciaRejeitada", source })?;
+            Ok(Outcome {
+                transfer_id: event.transfer_id,
+                status: Status::Rejected,
+                reason: Some(event.reason.as_str().to_owned()),
+            })
+        }
+    }
+}
+
+impl Handler for Projection {
+    type Error = ProjectionError;
+
+    async fn handle(&mut self, batch: &[OwnedMessage]) -> Result<(), ProjectionError> {
+        let mut outcomes = Vec::with_capacity(batch.len());
+        let mut poison = Vec::new();
+        for record in batch {
+            match self.decode(record) {
+                Ok(outcome) => outcomes.push(outcome),
+                Err(error) => poison.push((record, error)),
+            }
+        }
+        if !outcomes.is_empty() {
+            let projected = store::project(&self.pool, &outcomes).await?;
+            for (transfer_id, status) in &projected.updated {
+                let resultado = status.as_str();
+                metrics::counter!("transferencias_total", "resultado" => resultado).increment(1);
+                tracing::debug!(%transfer_id, resultado, "transfer status projected");
+            }
+            for transfer_id in &projected.unknown {
+                metrics::counter!("projecao_transferencias_desconhecidas_total").increment(1);
+                tracing::warn!(%transfer_id, "outcome for an unknown transfer ignored");
+            }
+        }
+        for (record, error) in poison {
+            let failure = Failure::new(MALFORMED_EVENT, Some("serde_json::Error"), &error);
+            self.dead_letters.publish(record, &failure).await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,217 @@
+//! The transfers API against the real stack: what a client sees, and what reaches Kafka.
+
+mod common;
+
+use std::time::Duration;
+
+use kafka::rdkafka::message::Message;
+use serde_json::{json, Value};
+
+use common::{header, nothing_more, payload, receive, spawn_app, spawn_app_with, transfer};
+use contracts::topics;
+
+#[tokio::test]
+async fn an_accepted_transfer_is_announced_exactly_once_as_committed() {
+    let app = spawn_app().await;
+    let reader = app.reader(topics::REQUESTED);
+
+    let response = app.post_transfer(&transfer("CC-001", "CC-002", 30_000), None).await;
+    assert_eq!(response.status(), 202);
+    let location = response.headers()["location"].to_str().expect("location").to_owned();
+    let body: Value = response.json().await.expect("body");
+    let id = body["id"].as_str().expect("id").to_owned();
+    assert_eq!(location, format!("/transferencias/{id}"));
+    assert_eq!(body["status"], "PENDENTE");
+    assert_eq!(body["motivoRejeicao"], Value::Null);
+    assert_eq!(body["valorEmCentavos"], 30_000);
+
+    let record = receive(&reader, 1).await.remove(0);
+    assert_eq!(record.key(), Some(b"CC-001".as_slice()));
+    let event = payload(&record);
+    assert_eq!(event["transferenciaId"], id.as_str());
+    assert_eq!(event["contaOrigem"], "CC-001");
+    assert_eq!(event["contaDestino"], "CC-002");
+    assert_eq!(event["valorEmCentavos"], 30_000);
+    assert_eq!(event["moeda"], "BRL");
+    assert_eq!(event["criadaEm"], body["criadaEm"], "the event's timestamp is the row's");
+    assert_eq!(header(&record, "evento-id").as_deref(), event["eventoId"].as_str());
+    assert_eq!(header(&record, "evento-tipo").as_deref(), Some("TransferenciaSolicitada"));
+    let traceparent = header(&record, "traceparent").expect("traceparent header");
+    assert_eq!(traceparent.len(), 55, "{traceparent}");
+
+    let fetched: Value = app.get_transfer(&id).await.json().await.expect("body");
+    assert_eq!(fetched, body);
+    assert!(nothing_more(&reader, Duration::from_millis(1500)).await, "one transfer, one event");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_idempotent_replay_returns_the_original_and_publishes_nothing() {
+    let app = spawn_app().await;
+    let body = transfer("CC-001", "CC-002", 500);
+    let first = app.post_transfer(&body, Some("key-1")).await;
+    assert_eq!(first.status(), 202);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let first: Value = first.json().await.expect("body");
+
+    // the same request, keys in another order: the same meaning
+    let reordered = json!({"moeda": "BRL", "valorEmCentavos": 500, "contaDestino": "CC-002", "contaOrigem": "CC-001"});
+    let again = app.post_transfer(&reordered, Some("key-1")).await;
+    assert_eq!(again.status(), 202);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let again: Value = again.json().await.expect("body");
+    assert_eq!(again["id"], first["id"]);
+
+    let misuse = app.post_transfer(&transfer("CC-001", "CC-002", 501), Some("key-1")).await;
+    assert_eq!(misuse.status(), 422);
+    assert_eq!(misuse.headers()["content-type"], "application/problem+json");
+
+    // another key is another transfer
+    let other = app.post_transfer(&body, Some("key-2")).await;
+    let other: Value = other.json().await.expect("body");
+    assert_ne!(other["id"], first["id"]);
+    assert_eq!(app.outbox_rows().await, 2, "a replay writes no event");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn fifty_concurrent_requests_with_one_key_create_one_transfer() {
+    let app = spawn_app().await;
+    let body = transfer("CC-001", "CC-002", 700);
+    let requests = (0..50).map(|_| app.post_transfer(&body, Some("same-key")));
+    let responses = futures::future::join_all(requests).await;
+    let mut ids = std::collections::HashSet::new();
+    for response in responses {
+        match response.status().as_u16() {
+            202 => {
+                let body: Value = response.json().await.expect("body");
+                ids.insert(body["id"].as_str().expect("id").to_owned());
+            }
+            409 => {}
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    assert_eq!(ids.len(), 1, "every 202 names the same transfer");
+    let transfers: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM transferencia").fetch_one(&app.database.pool).await.expect("count");
+    assert_eq!(transfers, 1);
+    assert_eq!(app.outbox_rows().await, 1);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_clear_problem_and_never_a_5xx() {
+    let app = spawn_app().await;
+    let cases: Vec<(Value, &str)> = vec![
+        (json!({"contaDestino": "B", "valorEmCentavos": 1, "moeda": "BRL"}), "contaOrigem"),
+        (transfer("A", "A", 1), "contaDestino"),
+        (transfer("A", "B", 0), "valorEmCentavos"),
+        (transfer("A", "B", -3), "valorEmCentavos"),
+        (json!({"contaOrigem": "A", "contaDestino": "B", "valorEmCentavos": 1.5, "moeda": "BRL"}), "valorEmCentavos"),
+        (json!({"contaOrigem": "A", "contaDestino": "B", "valorEmCentavos": "1", "moeda": "BRL"}), "valorEmCentavos"),
+        (json!({"contaOrigem": "A", "contaDestino": "B", "valorEmCentavos": 1, "moeda": "real"}), "moeda"),
+        (json!({"contaOrigem": "A", "contaDestino": "B", "valorEmCentavos": 1, "moeda": "XYZ"}), "moeda"),
+        (transfer("EMISSOR-BRL", "B", 1), "contaOrigem"),
+        (transfer("A", "EMISSOR-BRL", 1), "contaDestino"),
+        (transfer(&"x".repeat(33), "B", 1), "contaOrigem"),
+        (transfer("A B", "B", 1), "contaOrigem"),
+        (json!("not an object"), "body"),
+    ];
+    for (body, field) in cases {
+        let response = app.post_transfer(&body, None).await;
+        assert_eq!(response.status(), 400, "{body}");
+        assert_eq!(response.headers()["content-type"], "application/problem+json");
+        let problem: Value = response.json().await.expect("problem");
+        assert_eq!(problem["status"], 400);
+        assert!(problem["type"].is_string() && problem["title"].is_string() && problem["detail"].is_string());
+        assert_eq!(problem["errors"][0]["field"], field, "{body}: {problem}");
+    }
+
+    let raw = |content_type: &'static str, body: Vec<u8>| {
+        app.http.post(app.url("/transferencias")).header("content-type", content_type).body(body).send()
+    };
+    let malformed = raw("application/json", b"{\"contaOrigem\": ".to_vec()).await.expect("send");
+    assert_eq!(malformed.status(), 400);
+    assert_eq!(malformed.headers()["content-type"], "application/problem+json");
+    let form = raw("application/x-www-form-urlencoded", b"a=b".to_vec()).await.expect("send");
+    assert_eq!(form.status(), 415);
+    let mut huge = transfer("A", "B", 1);
+    huge["padding"] = json!("x".repeat(17 * 1024));
+    let too_large = raw("application/json", serde_json::to_vec(&huge).expect("json")).await.expect("send");
+    assert_eq!(too_large.status(), 413);
+    assert_eq!(too_large.headers()["content-type"], "application/problem+json");
+
+    let bad_key = app
+        .http
+        .post(app.url("/transferencias"))
+        .header("Idempotency-Key", "has space")
+        .json(&transfer("A", "B", 1))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(bad_key.status(), 400);
+
+    assert_eq!(app.get_transfer("not-a-uuid").await.status(), 400);
+    assert_eq!(app.get_transfer("3f2c9a4e-1b7d-4c8e-9f00-5a6b7c8d9e01").await.status(), 404);
+    for query in ["?limit=0", "?limit=501", "?limit=x", "?status=PAGA", "?conta=a%20b"] {
+        let response = app.http.get(app.url(&format!("/transferencias{query}"))).send().await.expect("send");
+        assert_eq!(response.status(), 400, "{query}");
+    }
+    assert_eq!(app.outbox_rows().await, 0, "bad input writes nothing");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn listing_filters_by_either_side_and_status_newest_first() {
+    let app = spawn_app().await;
+    let mut ids = Vec::new();
+    for (source, destination) in [("A", "B"), ("C", "A"), ("C", "D"), ("A", "D")] {
+        let body: Value = app.post_transfer(&transfer(source, destination, 10), None).await.json().await.expect("body");
+        ids.push(body["id"].as_str().expect("id").to_owned());
+    }
+    let app = &app;
+    let list = |query: &'static str| async move {
+        let response = app.http.get(app.url(&format!("/transferencias{query}"))).send().await.expect("send");
+        assert_eq!(response.status(), 200, "{query}");
+        let rows: Vec<Value> = response.json().await.expect("rows");
+        rows.into_iter().map(|row| row["id"].as_str().expect("id").to_owned()).collect::<Vec<_>>()
+    };
+    assert_eq!(list("?conta=A").await, [ids[3].clone(), ids[1].clone(), ids[0].clone()]);
+    assert_eq!(list("?conta=A&limit=2").await, [ids[3].clone(), ids[1].clone()]);
+    assert_eq!(list("?status=PENDENTE").await.len(), 4);
+    assert_eq!(list("?status=LIQUIDADA").await.len(), 0);
+    assert_eq!(list("").await.first(), Some(&ids[3]));
+}
+
+#[tokio::test]
+async fn with_a_token_every_api_route_requires_it() {
+    let app = spawn_app_with(|args| {
+        args.api_token = Some("api-secret".into());
+        args.admin_token = Some("admin-secret".into());
+    })
+    .await;
+    let body = transfer("A", "B", 1);
+    let anonymous = app.post_transfer(&body, None).await;
+    assert_eq!(anonymous.status(), 401);
+    assert_eq!(anonymous.headers()["www-authenticate"], "Bearer");
+    let wrong = app.http.post(app.url("/transferencias")).bearer_auth("nope").json(&body).send().await.expect("send");
+    assert_eq!(wrong.status(), 401);
+    for token in ["api-secret", "admin-secret"] {
+        let ok = app.http.post(app.url("/transferencias")).bearer_auth(token).json(&body).send().await.expect("send");
+        assert_eq!(ok.status(), 202, "{token}");
+    }
+    let list = app.http.get(app.url("/transferencias")).send().await.expect("send");
+    assert_eq!(list.status(), 401);
+    // keys are scoped by caller: the same key from two callers is two transfers
+    let with_key = |token: &'static str| {
+        app.http.post(app.url("/transferencias")).bearer_auth(token).header("Idempotency-Key", "k").json(&body).send()
+    };
+    let a: Value = with_key("api-secret").await.expect("send").json().await.expect("body");
+    let b: Value = with_key("admin-secret").await.expect("send").json().await.expect("body");
+    assert_ne!(a["id"], b["id"]);
+    // health and metrics stay open
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(app.http.get(app.url(path)).send().await.expect("send").status(), 200, "{path}");
+    }
+    app.stop().await;
+}

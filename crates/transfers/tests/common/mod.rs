@@ -1,0 +1,131 @@
+//! `spawn_app()`: the real transfers service on port 0 with a database and topics of its own.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kafka::rdkafka::message::{Headers, Message, OwnedMessage};
+use kafka::config::{consumer_config, OffsetCommit};
+use kafka::consumer::KafkaConsumer;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use testkit::{unique, TestDatabase, TestTopics};
+
+pub struct TestApp {
+    pub address: SocketAddr,
+    pub http: reqwest::Client,
+    pub database: TestDatabase,
+    pub topics: TestTopics,
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(|_| {}).await
+}
+
+pub async fn spawn_app_with(configure: impl FnOnce(&mut transfers::TransfersArgs)) -> TestApp {
+    testkit::init_logs();
+    let database = TestDatabase::create(&transfers::MIGRATOR).await;
+    let topics = TestTopics::plan(1).await;
+    let mut args = transfers::TransfersArgs {
+        listen: "127.0.0.1:0".parse().expect("address"),
+        database_url: database.url.clone(),
+        database_connections: 8,
+        idempotency_key_ttl_seconds: 86_400,
+        api_token: None,
+        admin_token: None,
+    };
+    configure(&mut args);
+    let settings = transfers::Settings {
+        args,
+        kafka: topics.args.clone(),
+        topics: kafka::TopicArgs { partitions: 1, replicas: 1 },
+        profile: kafka::Profile::Fast,
+    };
+    let shutdown = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    let address = transfers::start(settings, shutdown.clone(), &tracker).await.expect("service starts");
+    TestApp { address, http: reqwest::Client::new(), database, topics, shutdown, tracker }
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.address)
+    }
+
+    pub async fn post_transfer(&self, body: &Value, key: Option<&str>) -> reqwest::Response {
+        let mut request = self.http.post(self.url("/transferencias")).json(body);
+        if let Some(key) = key {
+            request = request.header("Idempotency-Key", key);
+        }
+        request.send().await.expect("POST /transferencias")
+    }
+
+    pub async fn get_transfer(&self, id: &str) -> reqwest::Response {
+        self.http.get(self.url(&format!("/transferencias/{id}"))).send().await.expect("GET")
+    }
+
+    pub async fn outbox_rows(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM outbox_evento").fetch_one(&self.database.pool).await.expect("count")
+    }
+
+    /// A consumer of one of the test's topics, from the beginning.
+    pub fn reader(&self, contract_topic: &str) -> Arc<KafkaConsumer> {
+        let topic = self.topics.topic(contract_topic);
+        kafka::consumer::subscribe(
+            &consumer_config(&self.topics.args, "test-reader", &unique("reader"), OffsetCommit::StoredAfterHandling),
+            &[&topic],
+        )
+        .expect("reader")
+    }
+
+    /// Waits for the service to stop after the test cancelled it.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.tracker.close();
+        tokio::time::timeout(Duration::from_secs(30), self.tracker.wait()).await.expect("service drains in 30 s");
+    }
+}
+
+pub fn transfer(source: &str, destination: &str, cents: i64) -> Value {
+    json!({"contaOrigem": source, "contaDestino": destination, "valorEmCentavos": cents, "moeda": "BRL"})
+}
+
+/// The next `count` records, or a panic after 60 s.
+pub async fn receive(consumer: &KafkaConsumer, count: usize) -> Vec<OwnedMessage> {
+    let mut received = Vec::new();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while received.len() < count {
+            received.push(consumer.recv().await.expect("receive").detach());
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("only {} of {count} records within 60 s", received.len()));
+    received
+}
+
+/// Whether another record arrives within `wait`.
+pub async fn nothing_more(consumer: &KafkaConsumer, wait: Duration) -> bool {
+    tokio::time::timeout(wait, consumer.recv()).await.is_err()
+}
+
+pub fn header(record: &OwnedMessage, name: &str) -> Option<String> {
+    let headers = record.headers()?;
+    let found = headers.iter().find(|header| header.key == name)?;
+    found.value.map(|value| String::from_utf8_lossy(value).into_owned())
+}
+
+pub fn payload(record: &OwnedMessage) -> Value {
+    serde_json::from_slice(record.payload().expect("payload")).expect("JSON payload")
+}

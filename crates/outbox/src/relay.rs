@@ -143,7 +143,8 @@ pub async fn publish(producer: &Producer, events: &[PendingEvent], database: &'s
 /// Step 3: marks `ids` published.
 pub async fn mark(tx: &mut Transaction<'_, Postgres>, ids: &[Uuid]) -> Result<(), Error> {
     if !ids.is_empty() {
-        sqlx::query("UPDATE outbox_evento SET publicado_em = now() WHERE id = ANY($1)")
+        // clock_timestamp(), not now(): the moment of the mark, not of the transaction's start
+        sqlx::query("UPDATE outbox_evento SET publicado_em = clock_timestamp() WHERE id = ANY($1)")
             .bind(ids)
             .execute(&mut **tx)
             .await?;

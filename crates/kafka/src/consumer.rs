@@ -163,9 +163,17 @@ async fn consume<H: Handler>(
     }
 }
 
+/// How long the loop waits idle before storing the consumer's position (see [`store_position`]).
+const IDLE_POSITION_STORE: Duration = Duration::from_millis(500);
+
 /// Waits for one record, then takes more until the batch is full or `batch_wait_max` passed.
 async fn next_batch(consumer: &KafkaConsumer, options: &LoopOptions) -> Result<Vec<OwnedMessage>, Error> {
-    let first = receive(consumer).await?;
+    let first = loop {
+        tokio::select! {
+            record = receive(consumer) => break record?,
+            _ = tokio::time::sleep(IDLE_POSITION_STORE) => store_position(consumer),
+        }
+    };
     let mut batch = Vec::with_capacity(options.batch_records_max.min(64));
     batch.push(first);
     let deadline = tokio::time::Instant::now() + options.batch_wait_max;
@@ -215,6 +223,31 @@ fn store_offsets(consumer: &KafkaConsumer, batch: &[OwnedMessage]) {
     // redelivered there, which the idempotent handlers absorb
     if let Err(error) = consumer.store_offsets(&offsets) {
         tracing::info!(%error, "offsets not stored (partitions revoked?)");
+    }
+}
+
+/// While idle, every record delivered so far has been handled (batches are handled before the
+/// next is taken, and a failed one never leaves the retry loop), so the consumer's position may
+/// be stored. It matters on transactional topics: the position moves past the commit markers,
+/// which are never delivered, so the committed offset reaches the end of the partition and
+/// `kafka_consumer_lag` reads exactly 0 once the group has drained its input.
+fn store_position(consumer: &KafkaConsumer) {
+    let Ok(position) = consumer.position() else { return };
+    let mut offsets = TopicPartitionList::with_capacity(position.count());
+    for element in position.elements() {
+        if let Offset::Offset(offset) = element.offset() {
+            if offsets
+                .add_partition_offset(element.topic(), element.partition(), Offset::Offset(offset))
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+    if offsets.count() > 0 {
+        if let Err(error) = consumer.store_offsets(&offsets) {
+            tracing::debug!(%error, "idle position not stored");
+        }
     }
 }
 

@@ -15,6 +15,7 @@
 //! - [`trace`]: W3C trace context to and from record headers.
 //! - [`topics`]: create or verify every topic of the plan.
 //! - [`health`]: Kafka readiness for `/readyz`.
+//! - [`lag`]: `kafka_consumer_lag` per group and partition.
 //!
 //! # Architecture invariant
 //! Knows no service and no database. Handlers decide what a record means; this crate only
@@ -26,6 +27,7 @@ pub mod context;
 pub mod dead_letter;
 pub mod error;
 pub mod health;
+pub mod lag;
 pub mod producer;
 pub mod topics;
 pub mod trace;

@@ -331,3 +331,65 @@ async fn ensure_topics_is_idempotent_and_reports_differences() {
     }
     kafka::topics::delete(&args, &names).await.expect("clean up");
 }
+
+struct Accept(Arc<Mutex<usize>>);
+
+impl Handler for Accept {
+    type Error = Unavailable;
+
+    async fn handle(&mut self, batch: &[OwnedMessage]) -> Result<(), Unavailable> {
+        *self.0.lock().expect("lock") += batch.len();
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn lag_reaches_zero_after_draining_a_transactional_topic() {
+    testkit::init_logs();
+    let topics = TestTopics::create(&["tx-lag"], 1).await;
+    let topic = topics.topic("tx-lag");
+    let args = &topics.args;
+    let tx = TransactionalProducer::new(&transactional_producer_config(
+        args,
+        "test",
+        &unique("tx"),
+        Duration::ZERO,
+    ))
+    .expect("transactional producer");
+    tx.init().await.expect("init");
+    for batch in 0..3 {
+        tx.begin().await.expect("begin");
+        for n in 0..2 {
+            tx.send(&OutgoingRecord::new(&topic, "k", format!("b{batch}-r{n}"))).await.expect("send");
+        }
+        tx.commit().await.expect("commit");
+    }
+    // 6 records and 3 commit markers: the high watermark is 9
+    let group = unique("g");
+    let consumer = consumer(args, &group, &topic, OffsetCommit::StoredAfterHandling);
+    let handled = Arc::new(Mutex::new(0));
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(consumer::run(
+        consumer.clone(),
+        Accept(handled.clone()),
+        LoopOptions::default(),
+        shutdown.clone(),
+    ));
+    eventually("six records handled", WAIT, || async { (*handled.lock().expect("lock") == 6).then_some(()) })
+        .await;
+    let lag = eventually("lag 0", WAIT, || {
+        let consumer = consumer.clone();
+        async move {
+            let lags = tokio::task::spawn_blocking(move || kafka::lag::measure(&consumer))
+                .await
+                .expect("join")
+                .ok()?;
+            (lags.len() == 1 && lags[0].2 == 0).then_some(lags)
+        }
+    })
+    .await;
+    assert_eq!(lag[0].1, 0);
+    shutdown.cancel();
+    run.await.expect("join").expect("loop ends cleanly");
+    assert_eq!(committed(args, &group, &topic), Some(9), "committed past the last commit marker");
+}

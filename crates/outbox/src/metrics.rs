@@ -33,7 +33,8 @@ pub async fn run(pool: PgPool, database: &'static str, shutdown: CancellationTok
         match backlog(&pool).await {
             Ok((rows, oldest_seconds)) => {
                 ::metrics::gauge!("outbox_pendentes", "database" => database).set(rows as f64);
-                ::metrics::gauge!("outbox_oldest_pending_seconds", "database" => database).set(oldest_seconds);
+                ::metrics::gauge!("outbox_oldest_pending_seconds", "database" => database)
+                    .set(oldest_seconds);
             }
             Err(error) => tracing::warn!(%error, database, "outbox backlog unreadable"),
         }

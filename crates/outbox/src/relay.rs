@@ -69,7 +69,12 @@ impl RelayOptions {
 
     /// The reference article's relay: `@Scheduled(fixedDelay = 200)`, 100 rows, no `NOTIFY`.
     pub fn reference(database: &'static str) -> Self {
-        Self { batch_rows_max: 100, poll_interval: Duration::from_millis(200), listen: false, ..Self::fast(database) }
+        Self {
+            batch_rows_max: 100,
+            poll_interval: Duration::from_millis(200),
+            listen: false,
+            ..Self::fast(database)
+        }
     }
 }
 
@@ -250,11 +255,16 @@ impl Relay {
             match attempt.await {
                 Ok(Some(connection)) => return Some(connection),
                 Ok(None) if !standby_logged => {
-                    tracing::info!(database = self.options.database, "another outbox relay is active; standing by");
+                    tracing::info!(
+                        database = self.options.database,
+                        "another outbox relay is active; standing by"
+                    );
                     standby_logged = true;
                 }
                 Ok(None) => {}
-                Err(error) => tracing::warn!(%error, database = self.options.database, "outbox relay cannot connect"),
+                Err(error) => {
+                    tracing::warn!(%error, database = self.options.database, "outbox relay cannot connect")
+                }
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return None,
@@ -280,7 +290,11 @@ impl Relay {
             if last_cleanup.elapsed() >= self.options.cleanup_interval {
                 let deleted = self.cleanup(leader).await?;
                 if deleted > 0 {
-                    tracing::debug!(deleted, database = self.options.database, "published outbox rows deleted");
+                    tracing::debug!(
+                        deleted,
+                        database = self.options.database,
+                        "published outbox rows deleted"
+                    );
                 }
                 last_cleanup = Instant::now();
             }

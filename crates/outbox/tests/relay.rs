@@ -136,7 +136,8 @@ async fn events_of_one_key_leave_in_commit_order() {
     let records = receive(&reader, 250).await;
     let mut last: HashMap<Vec<u8>, i64> = HashMap::new();
     for record in &records {
-        let value: serde_json::Value = serde_json::from_slice(record.payload().expect("payload")).expect("json");
+        let value: serde_json::Value =
+            serde_json::from_slice(record.payload().expect("payload")).expect("json");
         let n = value["n"].as_i64().expect("n");
         let key = record.key().expect("key").to_vec();
         if let Some(previous) = last.insert(key, n) {
@@ -184,8 +185,10 @@ async fn only_one_relay_is_active_and_a_standby_takes_over() {
     let late = fixture.insert("CC-001", r#"{"n":20}"#).await;
     let record = receive(&reader, 1).await.remove(0);
     assert_eq!(event_id(&record), late.to_string());
-    eventually("nothing pending", Duration::from_secs(30), || async { (fixture.pending().await == 0).then_some(()) })
-        .await;
+    eventually("nothing pending", Duration::from_secs(30), || async {
+        (fixture.pending().await == 0).then_some(())
+    })
+    .await;
     second_stop.cancel();
     second.await.expect("second relay stops");
     // every event exactly once: no crash happened, so no duplicate either

@@ -79,7 +79,10 @@ impl TransferRequest {
             }
             Some(Value::String(code)) if is_active_currency(code) => Some(code.clone()),
             Some(Value::String(code)) => {
-                errors.push(FieldError::new("moeda", format!("{code:?} is not an active ISO 4217 currency code")));
+                errors.push(FieldError::new(
+                    "moeda",
+                    format!("{code:?} is not an active ISO 4217 currency code"),
+                ));
                 None
             }
             Some(_) => {
@@ -101,7 +104,8 @@ impl TransferRequest {
     /// hex: what an Idempotency-Key is bound to.
     pub fn fingerprint(&self) -> String {
         let mut hasher = Sha256::new();
-        for part in [&self.source_account, &self.destination_account, &self.amount_cents.to_string(), &self.currency]
+        for part in
+            [&self.source_account, &self.destination_account, &self.amount_cents.to_string(), &self.currency]
         {
             hasher.update(part.as_bytes());
             hasher.update([0]);

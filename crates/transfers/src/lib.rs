@@ -91,10 +91,16 @@ pub struct Settings {
 /// the backlog gauges and the projection on `tracker`. Returns the API's bound address (port
 /// 0 picks a free one). Everything stops when `shutdown` is cancelled: the API drains its
 /// requests, the relay and the projection finish the batch in hand.
-pub async fn start(settings: Settings, shutdown: CancellationToken, tracker: &TaskTracker) -> Result<SocketAddr, Error> {
+pub async fn start(
+    settings: Settings,
+    shutdown: CancellationToken,
+    tracker: &TaskTracker,
+) -> Result<SocketAddr, Error> {
     let Settings { args, kafka, topics: topic_args, profile } = settings;
-    let options: sqlx::postgres::PgConnectOptions =
-        args.database_url.parse().map_err(|source| Error::Connect { address: "(unparsable URL)".into(), source })?;
+    let options: sqlx::postgres::PgConnectOptions = args
+        .database_url
+        .parse()
+        .map_err(|source| Error::Connect { address: "(unparsable URL)".into(), source })?;
     let address = format!("{}:{}", options.get_host(), options.get_port());
     let pool = PgPoolOptions::new()
         .max_connections(args.database_connections)
@@ -124,7 +130,8 @@ pub async fn start(settings: Settings, shutdown: CancellationToken, tracker: &Ta
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|source| Error::Bind { address: args.listen.to_string(), source })?;
-    let bound = listener.local_addr().map_err(|source| Error::Bind { address: args.listen.to_string(), source })?;
+    let bound =
+        listener.local_addr().map_err(|source| Error::Bind { address: args.listen.to_string(), source })?;
     tracing::info!(address = %bound, "transferencias API listening");
     {
         let shutdown = shutdown.clone();
@@ -150,12 +157,15 @@ pub async fn start(settings: Settings, shutdown: CancellationToken, tracker: &Ta
         &consumer_config(&kafka, "transferencias-projecao", &group, OffsetCommit::StoredAfterHandling),
         &[&settled, &rejected],
     )?;
+    tracker.spawn(kafka::lag::report(consumer.clone(), group.clone(), shutdown.clone()));
     let projection =
         projection::Projection::new(pool.clone(), settled, DeadLetterPublisher::new(producer.clone(), group));
     {
         let shutdown = shutdown.clone();
         tracker.spawn(async move {
-            if let Err(error) = kafka::consumer::run(consumer, projection, LoopOptions::default(), shutdown).await {
+            if let Err(error) =
+                kafka::consumer::run(consumer, projection, LoopOptions::default(), shutdown).await
+            {
                 tracing::error!(error = %kafka::consumer::error_chain(&error), "projection stopped");
             }
         });

@@ -123,7 +123,9 @@ async fn claim_key(tx: &mut Transaction<'_, Postgres>, key: &IdempotencyKey) -> 
     .execute(&mut **tx)
     .await
     .map_err(|error| match &error {
-        sqlx::Error::Database(database) if database.code().as_deref() == Some("55P03") => StoreError::KeyInFlight,
+        sqlx::Error::Database(database) if database.code().as_deref() == Some("55P03") => {
+            StoreError::KeyInFlight
+        }
         _ => StoreError::Database(error),
     })?
     .rows_affected();
@@ -296,7 +298,10 @@ pub async fn project(pool: &PgPool, outcomes: &[Outcome]) -> Result<Projected, S
     let known: Vec<Uuid> = if rest.is_empty() {
         Vec::new()
     } else {
-        sqlx::query_scalar("SELECT id FROM transferencia WHERE id = ANY($1)").bind(&rest).fetch_all(&mut *tx).await?
+        sqlx::query_scalar("SELECT id FROM transferencia WHERE id = ANY($1)")
+            .bind(&rest)
+            .fetch_all(&mut *tx)
+            .await?
     };
     tx.commit().await?;
     let unknown: Vec<Uuid> = rest.iter().copied().filter(|id| !known.contains(id)).collect();

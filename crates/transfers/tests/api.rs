@@ -55,7 +55,8 @@ async fn an_idempotent_replay_returns_the_original_and_publishes_nothing() {
     let first: Value = first.json().await.expect("body");
 
     // the same request, keys in another order: the same meaning
-    let reordered = json!({"moeda": "BRL", "valorEmCentavos": 500, "contaDestino": "CC-002", "contaOrigem": "CC-001"});
+    let reordered =
+        json!({"moeda": "BRL", "valorEmCentavos": 500, "contaDestino": "CC-002", "contaOrigem": "CC-001"});
     let again = app.post_transfer(&reordered, Some("key-1")).await;
     assert_eq!(again.status(), 202);
     assert_eq!(again.headers()["idempotent-replayed"], "true");
@@ -92,8 +93,10 @@ async fn fifty_concurrent_requests_with_one_key_create_one_transfer() {
         }
     }
     assert_eq!(ids.len(), 1, "every 202 names the same transfer");
-    let transfers: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM transferencia").fetch_one(&app.database.pool).await.expect("count");
+    let transfers: i64 = sqlx::query_scalar("SELECT count(*) FROM transferencia")
+        .fetch_one(&app.database.pool)
+        .await
+        .expect("count");
     assert_eq!(transfers, 1);
     assert_eq!(app.outbox_rows().await, 1);
     app.stop().await;
@@ -107,8 +110,14 @@ async fn bad_input_gets_a_clear_problem_and_never_a_5xx() {
         (transfer("A", "A", 1), "contaDestino"),
         (transfer("A", "B", 0), "valorEmCentavos"),
         (transfer("A", "B", -3), "valorEmCentavos"),
-        (json!({"contaOrigem": "A", "contaDestino": "B", "valorEmCentavos": 1.5, "moeda": "BRL"}), "valorEmCentavos"),
-        (json!({"contaOrigem": "A", "contaDestino": "B", "valorEmCentavos": "1", "moeda": "BRL"}), "valorEmCentavos"),
+        (
+            json!({"contaOrigem": "A", "contaDestino": "B", "valorEmCentavos": 1.5, "moeda": "BRL"}),
+            "valorEmCentavos",
+        ),
+        (
+            json!({"contaOrigem": "A", "contaDestino": "B", "valorEmCentavos": "1", "moeda": "BRL"}),
+            "valorEmCentavos",
+        ),
         (json!({"contaOrigem": "A", "contaDestino": "B", "valorEmCentavos": 1, "moeda": "real"}), "moeda"),
         (json!({"contaOrigem": "A", "contaDestino": "B", "valorEmCentavos": 1, "moeda": "XYZ"}), "moeda"),
         (transfer("EMISSOR-BRL", "B", 1), "contaOrigem"),
@@ -166,7 +175,8 @@ async fn listing_filters_by_either_side_and_status_newest_first() {
     let app = spawn_app().await;
     let mut ids = Vec::new();
     for (source, destination) in [("A", "B"), ("C", "A"), ("C", "D"), ("A", "D")] {
-        let body: Value = app.post_transfer(&transfer(source, destination, 10), None).await.json().await.expect("body");
+        let body: Value =
+            app.post_transfer(&transfer(source, destination, 10), None).await.json().await.expect("body");
         ids.push(body["id"].as_str().expect("id").to_owned());
     }
     let app = &app;
@@ -194,17 +204,30 @@ async fn with_a_token_every_api_route_requires_it() {
     let anonymous = app.post_transfer(&body, None).await;
     assert_eq!(anonymous.status(), 401);
     assert_eq!(anonymous.headers()["www-authenticate"], "Bearer");
-    let wrong = app.http.post(app.url("/transferencias")).bearer_auth("nope").json(&body).send().await.expect("send");
+    let wrong =
+        app.http.post(app.url("/transferencias")).bearer_auth("nope").json(&body).send().await.expect("send");
     assert_eq!(wrong.status(), 401);
     for token in ["api-secret", "admin-secret"] {
-        let ok = app.http.post(app.url("/transferencias")).bearer_auth(token).json(&body).send().await.expect("send");
+        let ok = app
+            .http
+            .post(app.url("/transferencias"))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await
+            .expect("send");
         assert_eq!(ok.status(), 202, "{token}");
     }
     let list = app.http.get(app.url("/transferencias")).send().await.expect("send");
     assert_eq!(list.status(), 401);
     // keys are scoped by caller: the same key from two callers is two transfers
     let with_key = |token: &'static str| {
-        app.http.post(app.url("/transferencias")).bearer_auth(token).header("Idempotency-Key", "k").json(&body).send()
+        app.http
+            .post(app.url("/transferencias"))
+            .bearer_auth(token)
+            .header("Idempotency-Key", "k")
+            .json(&body)
+            .send()
     };
     let a: Value = with_key("api-secret").await.expect("send").json().await.expect("body");
     let b: Value = with_key("admin-secret").await.expect("send").json().await.expect("body");

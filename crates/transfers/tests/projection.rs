@@ -12,7 +12,8 @@ use common::{receive, spawn_app, transfer, TestApp};
 use contracts::topics;
 
 async fn pending_transfer(app: &TestApp) -> String {
-    let body: Value = app.post_transfer(&transfer("CC-001", "CC-002", 100), None).await.json().await.expect("body");
+    let body: Value =
+        app.post_transfer(&transfer("CC-001", "CC-002", 100), None).await.json().await.expect("body");
     body["id"].as_str().expect("id").to_owned()
 }
 
@@ -50,19 +51,22 @@ async fn outcomes_set_the_final_status_once_whatever_the_order_or_repetition() {
     let rejected_id = pending_transfer(&app).await;
 
     publish(&app, topics::SETTLED, settled(&settled_id).to_string().into_bytes()).await;
-    publish(&app, topics::REJECTED, rejected(&rejected_id, "SALDO_INSUFICIENTE").to_string().into_bytes()).await;
+    publish(&app, topics::REJECTED, rejected(&rejected_id, "SALDO_INSUFICIENTE").to_string().into_bytes())
+        .await;
     assert_eq!(eventually_status(&app, &settled_id, "LIQUIDADA").await, Value::Null);
     assert_eq!(eventually_status(&app, &rejected_id, "REJEITADA").await, "SALDO_INSUFICIENTE");
 
     // duplicates and contradicting late events change nothing
     publish(&app, topics::SETTLED, settled(&settled_id).to_string().into_bytes()).await;
-    publish(&app, topics::REJECTED, rejected(&settled_id, "BLOQUEADA_ANTIFRAUDE").to_string().into_bytes()).await;
+    publish(&app, topics::REJECTED, rejected(&settled_id, "BLOQUEADA_ANTIFRAUDE").to_string().into_bytes())
+        .await;
     publish(&app, topics::SETTLED, settled(&rejected_id).to_string().into_bytes()).await;
     // a marker after them on each topic (one partition each): once the markers are projected,
     // every record before them was handled
     let (settled_marker, rejected_marker) = (pending_transfer(&app).await, pending_transfer(&app).await);
     publish(&app, topics::SETTLED, settled(&settled_marker).to_string().into_bytes()).await;
-    publish(&app, topics::REJECTED, rejected(&rejected_marker, "CONTA_INEXISTENTE").to_string().into_bytes()).await;
+    publish(&app, topics::REJECTED, rejected(&rejected_marker, "CONTA_INEXISTENTE").to_string().into_bytes())
+        .await;
     eventually_status(&app, &settled_marker, "LIQUIDADA").await;
     eventually_status(&app, &rejected_marker, "REJEITADA").await;
     assert_eq!(status_of(&app, &settled_id).await, ("LIQUIDADA".into(), Value::Null));

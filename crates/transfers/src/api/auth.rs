@@ -42,7 +42,11 @@ fn matches(given: &str, expected: &Option<String>) -> bool {
 /// Anonymous callers share one scope when no token is configured.
 const ANONYMOUS: &str = "anonimo";
 
-pub async fn authenticate(State(state): State<AppState>, mut request: Request, next: Next) -> Result<Response, ApiError> {
+pub async fn authenticate(
+    State(state): State<AppState>,
+    mut request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
     let tokens = &state.tokens;
     let caller = if tokens.api.is_none() && tokens.admin.is_none() {
         Caller { scope: ANONYMOUS.into() }

@@ -38,7 +38,8 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
                 return Err(ApiError::PayloadTooLarge(BODY_BYTES_MAX));
             }
         }
-        let limited = request.map(|body| axum::body::Body::new(http_body_util::Limited::new(body, BODY_BYTES_MAX)));
+        let limited =
+            request.map(|body| axum::body::Body::new(http_body_util::Limited::new(body, BODY_BYTES_MAX)));
         let bytes = Bytes::from_request(limited, state).await.map_err(|rejection| {
             if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::PayloadTooLarge(BODY_BYTES_MAX)

@@ -67,14 +67,22 @@ impl ApiError {
             Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "/problems/bad-request", "Bad request"),
             Self::Unauthorized => (StatusCode::UNAUTHORIZED, "/problems/unauthorized", "Unauthorized"),
             Self::NotFound(_) => (StatusCode::NOT_FOUND, "/problems/not-found", "Not found"),
-            Self::KeyInFlight => (StatusCode::CONFLICT, "/problems/idempotency-key-in-flight", "Request in flight"),
-            Self::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "/problems/payload-too-large", "Body too large"),
-            Self::UnsupportedMediaType => {
-                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "/problems/unsupported-media-type", "Unsupported media type")
+            Self::KeyInFlight => {
+                (StatusCode::CONFLICT, "/problems/idempotency-key-in-flight", "Request in flight")
             }
-            Self::KeyReused => {
-                (StatusCode::UNPROCESSABLE_ENTITY, "/problems/idempotency-key-reused", "Idempotency-Key reused")
+            Self::PayloadTooLarge(_) => {
+                (StatusCode::PAYLOAD_TOO_LARGE, "/problems/payload-too-large", "Body too large")
             }
+            Self::UnsupportedMediaType => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "/problems/unsupported-media-type",
+                "Unsupported media type",
+            ),
+            Self::KeyReused => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "/problems/idempotency-key-reused",
+                "Idempotency-Key reused",
+            ),
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "/problems/internal", "Internal error"),
         }
     }

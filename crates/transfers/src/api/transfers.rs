@@ -60,7 +60,10 @@ impl From<Transfer> for TransferView {
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     let Some(value) = headers.get(IDEMPOTENCY_KEY) else { return Ok(None) };
     let bytes = value.as_bytes();
-    if bytes.is_empty() || bytes.len() > IDEMPOTENCY_KEY_LENGTH_MAX || !bytes.iter().all(|b| (0x21..=0x7e).contains(b)) {
+    if bytes.is_empty()
+        || bytes.len() > IDEMPOTENCY_KEY_LENGTH_MAX
+        || !bytes.iter().all(|b| (0x21..=0x7e).contains(b))
+    {
         return Err(ApiError::BadRequest(format!(
             "Idempotency-Key must be 1 to {IDEMPOTENCY_KEY_LENGTH_MAX} visible ASCII characters"
         )));
@@ -115,9 +118,14 @@ pub async fn create(
 }
 
 /// `GET /transferencias/{id}`.
-pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<TransferView>, ApiError> {
-    let id = Uuid::parse_str(&id).map_err(|_| ApiError::BadRequest(format!("{id:?} is not a transfer id (a UUID)")))?;
-    let transfer = store::find(&state.pool, id).await?.ok_or_else(|| ApiError::NotFound(format!("no transfer {id}")))?;
+pub async fn get(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<TransferView>, ApiError> {
+    let id = Uuid::parse_str(&id)
+        .map_err(|_| ApiError::BadRequest(format!("{id:?} is not a transfer id (a UUID)")))?;
+    let transfer =
+        store::find(&state.pool, id).await?.ok_or_else(|| ApiError::NotFound(format!("no transfer {id}")))?;
     Ok(Json(transfer.into()))
 }
 

@@ -6,9 +6,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kafka::rdkafka::message::{Headers, Message, OwnedMessage};
 use kafka::config::{consumer_config, OffsetCommit};
 use kafka::consumer::KafkaConsumer;
+use kafka::rdkafka::message::{Headers, Message, OwnedMessage};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -77,14 +77,22 @@ impl TestApp {
     }
 
     pub async fn outbox_rows(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM outbox_evento").fetch_one(&self.database.pool).await.expect("count")
+        sqlx::query_scalar("SELECT count(*) FROM outbox_evento")
+            .fetch_one(&self.database.pool)
+            .await
+            .expect("count")
     }
 
     /// A consumer of one of the test's topics, from the beginning.
     pub fn reader(&self, contract_topic: &str) -> Arc<KafkaConsumer> {
         let topic = self.topics.topic(contract_topic);
         kafka::consumer::subscribe(
-            &consumer_config(&self.topics.args, "test-reader", &unique("reader"), OffsetCommit::StoredAfterHandling),
+            &consumer_config(
+                &self.topics.args,
+                "test-reader",
+                &unique("reader"),
+                OffsetCommit::StoredAfterHandling,
+            ),
             &[&topic],
         )
         .expect("reader")
@@ -94,7 +102,9 @@ impl TestApp {
     pub async fn stop(self) {
         self.shutdown.cancel();
         self.tracker.close();
-        tokio::time::timeout(Duration::from_secs(30), self.tracker.wait()).await.expect("service drains in 30 s");
+        tokio::time::timeout(Duration::from_secs(30), self.tracker.wait())
+            .await
+            .expect("service drains in 30 s");
     }
 }
 

@@ -98,7 +98,7 @@ async fn run(profile: Profile, backlog_rows: i64, steady_seconds: u64) -> serde_
     }
     let (p50, p99, max): (f64, f64, f64) = sqlx::query_as(
         "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms), percentile_cont(0.99) WITHIN GROUP (ORDER BY ms), max(ms) \
-         FROM (SELECT EXTRACT(EPOCH FROM publicado_em - criado_em) * 1000 AS ms \
+         FROM (SELECT (EXTRACT(EPOCH FROM publicado_em - criado_em) * 1000)::float8 AS ms \
                FROM outbox_evento WHERE chave LIKE 'steady-%') AS latency",
     )
     .fetch_one(&database.pool)

@@ -50,6 +50,9 @@ pub struct RelayOptions {
     pub cleanup_rows_max: i64,
     /// Pause after a cycle in which some row could not be published (broker down).
     pub failure_backoff: Duration,
+    /// Start the next cycle at once after a full batch (more rows are probably waiting)
+    /// instead of sleeping `poll_interval`.
+    pub drain_full_batches: bool,
 }
 
 impl RelayOptions {
@@ -64,15 +67,18 @@ impl RelayOptions {
             cleanup_interval: Duration::from_secs(60),
             cleanup_rows_max: 1000,
             failure_backoff: Duration::from_secs(1),
+            drain_full_batches: true,
         }
     }
 
-    /// The reference article's relay: `@Scheduled(fixedDelay = 200)`, 100 rows, no `NOTIFY`.
+    /// The reference article's relay: `@Scheduled(fixedDelay = 200)` (a 200 ms pause after
+    /// every cycle, full or not), 100 rows, no `NOTIFY`.
     pub fn reference(database: &'static str) -> Self {
         Self {
             batch_rows_max: 100,
             poll_interval: Duration::from_millis(200),
             listen: false,
+            drain_full_batches: false,
             ..Self::fast(database)
         }
     }
@@ -300,7 +306,7 @@ impl Relay {
             }
             let pause = if cycle.published < cycle.claimed {
                 self.options.failure_backoff
-            } else if cycle.claimed as i64 == self.options.batch_rows_max {
+            } else if self.options.drain_full_batches && cycle.claimed as i64 == self.options.batch_rows_max {
                 continue; // a full batch: more are probably waiting
             } else {
                 self.options.poll_interval

@@ -203,6 +203,7 @@ async fn the_reference_profile_polls_without_notifications() {
     let options = RelayOptions::reference("test");
     assert!(!options.listen);
     assert_eq!((options.batch_rows_max, options.poll_interval), (100, Duration::from_millis(200)));
+    assert!(!options.drain_full_batches, "the article pauses 200 ms after every cycle");
     let shutdown = CancellationToken::new();
     let relay = tokio::spawn(fixture.relay(options).run(shutdown.clone()));
     for n in 0..150 {

@@ -332,17 +332,6 @@ async fn ensure_topics_is_idempotent_and_reports_differences() {
     kafka::topics::delete(&args, &names).await.expect("clean up");
 }
 
-struct Accept(Arc<Mutex<usize>>);
-
-impl Handler for Accept {
-    type Error = Unavailable;
-
-    async fn handle(&mut self, batch: &[OwnedMessage]) -> Result<(), Unavailable> {
-        *self.0.lock().expect("lock") += batch.len();
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn lag_reaches_zero_after_draining_a_transactional_topic() {
     testkit::init_logs();
@@ -367,16 +356,16 @@ async fn lag_reaches_zero_after_draining_a_transactional_topic() {
     // 6 records and 3 commit markers: the high watermark is 9
     let group = unique("g");
     let consumer = consumer(args, &group, &topic, OffsetCommit::StoredAfterHandling);
-    let handled = Arc::new(Mutex::new(0));
+    let handled = Arc::new(Mutex::new(Vec::new()));
+    let accept_all =
+        FailAt { poison_offset: None, handled: handled.clone(), attempts_at_poison: Arc::new(Mutex::new(0)) };
     let shutdown = CancellationToken::new();
-    let run = tokio::spawn(consumer::run(
-        consumer.clone(),
-        Accept(handled.clone()),
-        LoopOptions::default(),
-        shutdown.clone(),
-    ));
-    eventually("six records handled", WAIT, || async { (*handled.lock().expect("lock") == 6).then_some(()) })
-        .await;
+    let run =
+        tokio::spawn(consumer::run(consumer.clone(), accept_all, LoopOptions::default(), shutdown.clone()));
+    eventually("six records handled", WAIT, || async {
+        (handled.lock().expect("lock").len() == 6).then_some(())
+    })
+    .await;
     let lag = eventually("lag 0", WAIT, || {
         let consumer = consumer.clone();
         async move {

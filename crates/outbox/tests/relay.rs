@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use outbox::relay::{claim, publish, Relay, RelayOptions};
-use testkit::{eventually, unique, TestDatabase, TestTopics};
+use testkit::{eventually, receive, unique, TestDatabase, TestTopics};
 
 struct Fixture {
     database: TestDatabase,
@@ -75,18 +75,6 @@ async fn pending(pool: &PgPool) -> i64 {
         .fetch_one(pool)
         .await
         .expect("count")
-}
-
-async fn receive(consumer: &KafkaConsumer, count: usize) -> Vec<OwnedMessage> {
-    let mut received = Vec::new();
-    tokio::time::timeout(Duration::from_secs(60), async {
-        while received.len() < count {
-            received.push(consumer.recv().await.expect("receive").detach());
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("only {} of {count} records within 60 s", received.len()));
-    received
 }
 
 fn event_id(record: &OwnedMessage) -> String {

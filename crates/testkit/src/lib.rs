@@ -6,6 +6,7 @@
 //! - [`TestTopics`]: topics of the test's own (a unique prefix), deleted afterwards.
 //! - [`unique`]: unique names for group ids, transactional ids, prefixes.
 //! - [`eventually`]: poll a condition with a deadline instead of sleeping.
+//! - [`receive`]: the next records of a consumer, with a deadline.
 //!
 //! The stack's addresses come from `KAFKA_BOOTSTRAP_SERVERS` and `PAGAMENTOS_TEST_DATABASE_URL`
 //! (defaults: the local stack). Tests fail, never skip, when the stack is down.
@@ -77,6 +78,22 @@ where
         assert!(tokio::time::Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The next `count` records of `consumer`, or a panic naming how many came within 60 s.
+pub async fn receive(
+    consumer: &kafka::consumer::KafkaConsumer,
+    count: usize,
+) -> Vec<kafka::rdkafka::message::OwnedMessage> {
+    let mut received = Vec::new();
+    let within = tokio::time::timeout(Duration::from_secs(60), async {
+        while received.len() < count {
+            received.push(consumer.recv().await.expect("receive").detach());
+        }
+    })
+    .await;
+    assert!(within.is_ok(), "only {} of {count} records within 60 s", received.len());
+    received
 }
 
 /// A migrated database of the test's own, dropped when this value is dropped.

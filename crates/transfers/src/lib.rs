@@ -69,6 +69,10 @@ pub struct TransfersArgs {
     #[arg(long, env = "TRANSFERENCIAS_IDEMPOTENCY_KEY_TTL_SECONDS", default_value_t = 86_400, value_parser = clap::value_parser!(u64).range(1..))]
     pub idempotency_key_ttl_seconds: u64,
 
+    /// How long published outbox rows are kept before they are deleted, in seconds.
+    #[arg(long, env = "OUTBOX_RETENTION_SECONDS", default_value_t = 86_400, value_parser = clap::value_parser!(u64).range(1..))]
+    pub outbox_retention_seconds: u64,
+
     /// When set, the API requires `Authorization: Bearer <token>`.
     #[arg(long, env = "PAGAMENTOS_API_TOKEN", hide_env_values = true)]
     pub api_token: Option<String>,
@@ -143,10 +147,11 @@ pub async fn start(
         });
     }
 
-    let relay_options = match profile {
+    let mut relay_options = match profile {
         Profile::Fast => RelayOptions::fast("transferencias"),
         Profile::Reference => RelayOptions::reference("transferencias"),
     };
+    relay_options.retention = Duration::from_secs(args.outbox_retention_seconds);
     tracker.spawn(Relay::new(pool.clone(), producer.clone(), relay_options).run(shutdown.clone()));
     tracker.spawn(outbox::metrics::run(pool.clone(), "transferencias", shutdown.clone()));
 

@@ -76,6 +76,28 @@ async fn an_idempotent_replay_returns_the_original_and_publishes_nothing() {
 }
 
 #[tokio::test]
+async fn an_expired_key_is_forgotten() {
+    let app = spawn_app().await;
+    let first: Value =
+        app.post_transfer(&transfer("CC-001", "CC-002", 500), Some("old")).await.json().await.expect("body");
+    sqlx::query("UPDATE chave_idempotencia SET expira_em = now() - interval '1 second'")
+        .execute(&app.database.pool)
+        .await
+        .expect("expire the key");
+    // another request with the expired key is a new transfer, not a 422
+    let second = app.post_transfer(&transfer("CC-001", "CC-002", 999), Some("old")).await;
+    assert_eq!(second.status(), 202);
+    assert!(second.headers().get("idempotent-replayed").is_none());
+    let second: Value = second.json().await.expect("body");
+    assert_ne!(second["id"], first["id"]);
+    let replay = app.post_transfer(&transfer("CC-001", "CC-002", 999), Some("old")).await;
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    let replay: Value = replay.json().await.expect("body");
+    assert_eq!(replay["id"], second["id"]);
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn fifty_concurrent_requests_with_one_key_create_one_transfer() {
     let app = spawn_app().await;
     let body = transfer("CC-001", "CC-002", 700);

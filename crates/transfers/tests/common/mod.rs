@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+pub use testkit::receive;
 use testkit::{unique, TestDatabase, TestTopics};
 
 pub struct TestApp {
@@ -43,6 +44,7 @@ pub async fn spawn_app_with(configure: impl FnOnce(&mut transfers::TransfersArgs
         database_url: database.url.clone(),
         database_connections: 8,
         idempotency_key_ttl_seconds: 86_400,
+        outbox_retention_seconds: 86_400,
         api_token: None,
         admin_token: None,
     };
@@ -110,19 +112,6 @@ impl TestApp {
 
 pub fn transfer(source: &str, destination: &str, cents: i64) -> Value {
     json!({"contaOrigem": source, "contaDestino": destination, "valorEmCentavos": cents, "moeda": "BRL"})
-}
-
-/// The next `count` records, or a panic after 60 s.
-pub async fn receive(consumer: &KafkaConsumer, count: usize) -> Vec<OwnedMessage> {
-    let mut received = Vec::new();
-    tokio::time::timeout(Duration::from_secs(60), async {
-        while received.len() < count {
-            received.push(consumer.recv().await.expect("receive").detach());
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("only {} of {count} records within 60 s", received.len()));
-    received
 }
 
 /// Whether another record arrives within `wait`.

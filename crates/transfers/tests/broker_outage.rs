@@ -28,6 +28,7 @@ async fn transfers_accepted_during_a_broker_restart_are_all_published_in_key_ord
     let mut accepted: Vec<(String, i64)> = Vec::new();
     let started = Instant::now();
     let mut n = 0;
+    let mut saw_not_ready = false;
     while !restart.is_finished() || started.elapsed() < Duration::from_secs(3) {
         let key = keys[n % keys.len()];
         let amount = n as i64 + 1;
@@ -36,10 +37,18 @@ async fn transfers_accepted_during_a_broker_restart_are_all_published_in_key_ord
         let body: Value = response.json().await.expect("body");
         accepted.push((body["id"].as_str().expect("id").to_owned(), amount));
         n += 1;
+        let ready = app.http.get(app.url("/readyz")).send().await.expect("GET /readyz");
+        saw_not_ready |= ready.status() == 503;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(restart.await.expect("join").success(), "scripts/stack restart kafka failed");
     assert!(accepted.len() > 50, "only {} transfers sent during the restart", accepted.len());
+    assert!(saw_not_ready, "/readyz never answered 503 while Kafka was down");
+    let ready = testkit::eventually("/readyz 200 again", Duration::from_secs(60), || async {
+        let response = app.http.get(app.url("/readyz")).send().await.ok()?;
+        (response.status() == 200).then_some(())
+    });
+    ready.await;
 
     let reader = app.reader(topics::REQUESTED);
     let expected: HashSet<String> = accepted.iter().map(|(id, _)| id.clone()).collect();

@@ -254,9 +254,44 @@ async fn with_a_token_every_api_route_requires_it() {
     let a: Value = with_key("api-secret").await.expect("send").json().await.expect("body");
     let b: Value = with_key("admin-secret").await.expect("send").json().await.expect("body");
     assert_ne!(a["id"], b["id"]);
-    // health and metrics stay open
-    for path in ["/healthz", "/readyz", "/metrics"] {
+    // health, metrics and the API document stay open
+    for path in ["/healthz", "/readyz", "/metrics", "/openapi.json"] {
         assert_eq!(app.http.get(app.url(path)).send().await.expect("send").status(), 200, "{path}");
     }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_openapi_document_describes_every_route() {
+    let app = spawn_app().await;
+    let response = app.http.get(app.url("/openapi.json")).send().await.expect("send");
+    assert_eq!(response.status(), 200);
+    let document: Value = response.json().await.expect("json");
+    assert_eq!(document["openapi"], "3.1.0");
+    let paths = document["paths"].as_object().expect("paths");
+    for (path, methods) in [
+        ("/transferencias", vec!["post", "get"]),
+        ("/transferencias/{id}", vec!["get"]),
+        ("/healthz", vec!["get"]),
+        ("/readyz", vec!["get"]),
+        ("/metrics", vec!["get"]),
+        ("/openapi.json", vec!["get"]),
+    ] {
+        for method in methods {
+            assert!(paths[path][method].is_object(), "{method} {path} undocumented");
+            // and the route really exists: anything but the fallback's 404 "no such route"
+            let url = app.url(&path.replace("{id}", "3f2c9a4e-1b7d-4c8e-9f00-5a6b7c8d9e01"));
+            let request = if method == "post" {
+                app.http.post(url).json(&transfer("A", "B", 1))
+            } else {
+                app.http.get(url)
+            };
+            let answer = request.send().await.expect("send");
+            let problem: Value = answer.json().await.unwrap_or(Value::Null);
+            assert_ne!(problem["detail"], "no such route", "{method} {path}");
+        }
+    }
+    let required = &document["components"]["schemas"]["Transfer"]["required"];
+    assert_eq!(required.as_array().map(Vec::len), Some(9));
     app.stop().await;
 }

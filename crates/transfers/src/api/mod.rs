@@ -5,10 +5,12 @@
 //! - [`auth`]: bearer tokens and the caller's Idempotency-Key scope.
 //! - [`error`]: `ApiError`, answered as problem+json.
 //! - [`body`]: the JSON body extractor (size and content-type checks in our error format).
+//! - [`openapi`]: the OpenAPI 3.1 document at `/openapi.json` (outside auth).
 
 pub mod auth;
 pub mod body;
 pub mod error;
+pub mod openapi;
 pub mod transfers;
 
 use std::sync::Arc;
@@ -37,6 +39,7 @@ pub fn router(state: AppState) -> Router {
         .route("/transferencias", post(transfers::create).get(transfers::list))
         .route("/transferencias/{id}", get(transfers::get))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::authenticate))
+        .route("/openapi.json", get(|| async { axum::Json(openapi::document()) }))
         .fallback(|| async { error::ApiError::NotFound("no such route".into()) })
         .with_state(state)
         .layer(middleware::from_fn(observe))

@@ -21,6 +21,7 @@ use rdkafka::message::{Headers, Message, OwnedMessage};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
+use crate::config::OffsetCommit;
 use crate::context::Context;
 use crate::Error;
 
@@ -75,8 +76,9 @@ pub struct LoopOptions {
     /// How long to keep filling a batch after its first record.
     pub batch_wait_max: Duration,
     pub backoff: Backoff,
-    /// How long the final commit at shutdown may take.
-    pub commit_timeout: Duration,
+    /// Who moves the group's offsets: the loop (after the handler succeeded) or the handler's
+    /// Kafka transaction; must match the consumer's configuration.
+    pub offsets: OffsetCommit,
 }
 
 impl Default for LoopOptions {
@@ -85,7 +87,7 @@ impl Default for LoopOptions {
             batch_records_max: 500,
             batch_wait_max: Duration::from_millis(5),
             backoff: Backoff::default(),
-            commit_timeout: Duration::from_secs(10),
+            offsets: OffsetCommit::StoredAfterHandling,
         }
     }
 }
@@ -99,6 +101,9 @@ pub async fn run<H: Handler>(
 ) -> Result<(), Error> {
     assert!(options.batch_records_max > 0, "a batch holds at least one record");
     let result = consume(&consumer, &mut handler, &options, &shutdown).await;
+    if options.offsets == OffsetCommit::InTransaction {
+        return result; // every offset already travelled in a committed transaction
+    }
     // whatever ended the loop, commit the offsets stored so far (all of them handled)
     let final_commit = {
         let consumer = consumer.clone();
@@ -133,7 +138,9 @@ async fn consume<H: Handler>(
                 Ok(()) => {
                     metrics::histogram!("kafka_batch_handling_seconds")
                         .record(started.elapsed().as_secs_f64());
-                    store_offsets(consumer, &batch);
+                    if options.offsets == OffsetCommit::StoredAfterHandling {
+                        store_offsets(consumer, &batch);
+                    }
                     break;
                 }
                 Err(error) => {
@@ -171,7 +178,9 @@ async fn next_batch(consumer: &KafkaConsumer, options: &LoopOptions) -> Result<V
     let first = loop {
         tokio::select! {
             record = receive(consumer) => break record?,
-            _ = tokio::time::sleep(IDLE_POSITION_STORE) => store_position(consumer),
+            _ = tokio::time::sleep(IDLE_POSITION_STORE), if options.offsets == OffsetCommit::StoredAfterHandling => {
+                store_position(consumer)
+            }
         }
     };
     let mut batch = Vec::with_capacity(options.batch_records_max.min(64));

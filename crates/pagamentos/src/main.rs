@@ -38,6 +38,8 @@ struct Cli {
 enum Command {
     /// The transfers service: REST API (port 8080), outbox relay and status projection.
     Transferencias(services::TransfersCommand),
+    /// The antifraud service: scores transfers inside Kafka transactions (health on 8082).
+    Antifraude(services::AntifraudCommand),
     /// Apply the embedded database migrations (services also migrate on start).
     Migrate(migrate::MigrateArgs),
     /// Create or verify every topic idempotently; exit 1 if an existing topic differs from the
@@ -104,6 +106,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Transferencias(args) => services::transfers(args).await,
+            Command::Antifraude(args) => services::antifraud(args).await,
             Command::Migrate(args) => migrate::run(args).await,
             Command::Topics(args) => topics::run(args).await,
         }

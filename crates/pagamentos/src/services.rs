@@ -32,20 +32,53 @@ pub struct TransfersCommand {
     common: CommonArgs,
 }
 
-pub async fn transfers(command: TransfersCommand) -> anyhow::Result<ExitCode> {
+#[derive(Debug, clap::Args)]
+pub struct AntifraudCommand {
+    #[command(flatten)]
+    antifraud: antifraud::AntifraudArgs,
+
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+/// Starts a service with `start`, then waits for SIGINT/SIGTERM and drains.
+async fn serve<F, E>(
+    name: &str,
+    start: impl FnOnce(CancellationToken, TaskTracker) -> F,
+) -> anyhow::Result<ExitCode>
+where
+    F: std::future::Future<Output = Result<std::net::SocketAddr, E>>,
+    E: std::error::Error + Send + Sync + 'static,
+{
     let token = CancellationToken::new();
     let tracker = TaskTracker::new();
     shutdown::cancel_on_signal(token.clone());
+    if let Err(error) = start(token.clone(), tracker.clone()).await {
+        token.cancel();
+        shutdown::drain(&token, &tracker).await;
+        return Err(anyhow::Error::new(error).context(format!("pagamentos {name} did not start")));
+    }
+    Ok(if shutdown::drain(&token, &tracker).await { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+pub async fn transfers(command: TransfersCommand) -> anyhow::Result<ExitCode> {
     let settings = transfers::Settings {
         args: command.transfers,
         kafka: command.common.kafka,
         topics: command.common.topics,
         profile: command.common.profile,
     };
-    if let Err(error) = transfers::start(settings, token.clone(), &tracker).await {
-        token.cancel();
-        shutdown::drain(&token, &tracker).await;
-        return Err(anyhow::Error::new(error).context("pagamentos transferencias did not start"));
-    }
-    Ok(if shutdown::drain(&token, &tracker).await { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    serve("transferencias", |token, tracker| async move { transfers::start(settings, token, &tracker).await })
+        .await
+}
+
+pub async fn antifraud(command: AntifraudCommand) -> anyhow::Result<ExitCode> {
+    let settings = antifraud::Settings {
+        args: command.antifraud,
+        kafka: command.common.kafka,
+        topics: command.common.topics,
+        profile: command.common.profile,
+    };
+    serve("antifraude", |token, tracker| async move { antifraud::start(settings, token, &tracker).await })
+        .await
 }

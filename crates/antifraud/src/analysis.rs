@@ -1,0 +1,238 @@
+//! The exactly-once hop: a batch of `TransferenciaSolicitada` records becomes, in one Kafka
+//! transaction, one `TransferenciaAnalisada` or `TransferenciaRejeitada(BLOQUEADA_ANTIFRAUDE)`
+//! per record (a dead letter for a record that is not a valid event) plus the consumed offsets.
+//! `read_committed` readers see all of it or none of it.
+//!
+//! On any error the transaction is aborted and the batch retried in place by the consumer loop
+//! (its position stays past the batch; the in-memory records are produced again with the same
+//! derived ids). Records of partitions this instance no longer owns are dropped from the retry:
+//! their new owner processes them from the last committed offset. A fatal producer error
+//! (fenced by a newer instance with the same `transactional.id`) recreates the producer.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use kafka::consumer::{Handler, KafkaConsumer};
+use kafka::dead_letter::{dead_letter, Failure};
+use kafka::producer::OutgoingRecord;
+use kafka::rdkafka::consumer::Consumer;
+use kafka::rdkafka::message::{Message, OwnedMessage};
+use kafka::rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use kafka::transactional::TransactionalProducer;
+
+use contracts::headers::{EVENT_ID, EVENT_TYPE};
+use contracts::ids::{derived_event_id, ANALYSED_PREFIX, REJECTED_BY_ANTIFRAUD_PREFIX};
+use contracts::{
+    EventType, RejectionReason, Timestamp, TransferAnalysed, TransferRejected, TransferRequested,
+};
+
+use crate::scoring::Scorer;
+
+/// The `kafka_dlt-exception-fqcn` of a record that is not a valid `TransferenciaSolicitada`.
+pub const MALFORMED_EVENT: &str = "antifraud::analysis::MalformedEvent";
+
+/// A record that is not a valid `TransferenciaSolicitada`.
+#[derive(Debug, thiserror::Error)]
+pub enum MalformedEvent {
+    #[error("not a valid TransferenciaSolicitada: {0}")]
+    Json(#[source] serde_json::Error),
+    #[error("not a valid TransferenciaSolicitada: valorEmCentavos must be greater than 0, got {0}")]
+    Amount(i64),
+}
+
+/// Why a batch is retried.
+#[derive(Debug, thiserror::Error)]
+pub enum AnalysisError {
+    #[error(transparent)]
+    Kafka(#[from] kafka::Error),
+    #[error("the consumer has no group metadata (not in a group yet)")]
+    NoGroupMetadata,
+    #[error("an output event could not be encoded")]
+    Encode(#[source] serde_json::Error),
+}
+
+/// Output topics, behind the configured prefix.
+#[derive(Debug, Clone)]
+pub struct Topics {
+    pub analysed: String,
+    pub rejected: String,
+}
+
+/// The batch handler.
+pub struct Analyser {
+    consumer: Arc<KafkaConsumer>,
+    producer_config: ClientConfig,
+    producer: Option<TransactionalProducer>,
+    topics: Topics,
+    scorer: Scorer,
+    group: String,
+}
+
+impl std::fmt::Debug for Analyser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Analyser")
+            .field("topics", &self.topics)
+            .field("group", &self.group)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Analyser {
+    /// `producer_config` must carry the instance's stable `transactional.id`.
+    pub fn new(
+        consumer: Arc<KafkaConsumer>,
+        producer_config: ClientConfig,
+        topics: Topics,
+        scorer: Scorer,
+        group: String,
+    ) -> Self {
+        Self { consumer, producer_config, producer: None, topics, scorer, group }
+    }
+
+    /// The producer, created and registered (fencing older instances) on first use or after a
+    /// fatal error.
+    async fn producer(&mut self) -> Result<TransactionalProducer, AnalysisError> {
+        if let Some(producer) = &self.producer {
+            return Ok(producer.clone());
+        }
+        let producer = TransactionalProducer::new(&self.producer_config)?;
+        producer.init().await?;
+        self.producer = Some(producer.clone());
+        Ok(producer)
+    }
+
+    /// The output record for `input`: the analysed or rejected event, or its dead letter.
+    pub fn output(&self, input: &OwnedMessage) -> Result<OutgoingRecord, AnalysisError> {
+        let event = match decode(input) {
+            Ok(event) => event,
+            Err(error) => {
+                let failure = Failure::new(MALFORMED_EVENT, Some("serde_json::Error"), &error);
+                tracing::warn!(topic = input.topic(), partition = input.partition(), offset = input.offset(), %error, "poison record to the dead-letter topic");
+                return Ok(dead_letter(input, &self.group, &failure));
+            }
+        };
+        let score = self.scorer.score(&event);
+        let (topic, id, kind, payload) = if self.scorer.blocks(score) {
+            let id = derived_event_id(REJECTED_BY_ANTIFRAUD_PREFIX, event.transfer_id);
+            let rejected = TransferRejected {
+                event_id: id,
+                transfer_id: event.transfer_id,
+                reason: RejectionReason::BlockedByAntifraud,
+                rejected_at: Timestamp::now(),
+                details: contracts::events::OutcomeDetails {
+                    source_account: Some(event.source_account.clone()),
+                    destination_account: Some(event.destination_account.clone()),
+                    amount_cents: Some(event.amount_cents),
+                    currency: Some(event.currency.clone()),
+                },
+            };
+            let payload = serde_json::to_vec(&rejected).map_err(AnalysisError::Encode)?;
+            (&self.topics.rejected, id, EventType::TransferRejected, payload)
+        } else {
+            let id = derived_event_id(ANALYSED_PREFIX, event.transfer_id);
+            let analysed = TransferAnalysed {
+                event_id: id,
+                transfer_id: event.transfer_id,
+                source_account: event.source_account.clone(),
+                destination_account: event.destination_account.clone(),
+                amount_cents: event.amount_cents,
+                currency: event.currency.clone(),
+                score,
+                analysed_at: Timestamp::now(),
+            };
+            let payload = serde_json::to_vec(&analysed).map_err(AnalysisError::Encode)?;
+            (&self.topics.analysed, id, EventType::TransferAnalysed, payload)
+        };
+        let mut record = OutgoingRecord::new(topic.as_str(), event.source_account.as_bytes(), payload)
+            .header(EVENT_ID, id.hyphenated().to_string())
+            .header(EVENT_TYPE, kind.as_str());
+        let span = tracing::info_span!("analyse", transfer_id = %event.transfer_id, score);
+        kafka::trace::continue_from(&span, input);
+        kafka::trace::inject(&span, &mut record);
+        Ok(record)
+    }
+
+    /// One transaction for `records`; returns the dead letters it committed.
+    async fn transact(&mut self, records: &[&OwnedMessage]) -> Result<Vec<String>, AnalysisError> {
+        let outputs = records.iter().map(|record| self.output(record)).collect::<Result<Vec<_>, _>>()?;
+        let producer = self.producer().await?;
+        producer.begin().await?;
+        let sends = futures::future::try_join_all(outputs.iter().map(|output| producer.send(output))).await;
+        let result = async {
+            sends?;
+            // read right before sending: under KIP-848 the member epoch can change silently
+            let group = self.consumer.group_metadata().ok_or(AnalysisError::NoGroupMetadata)?;
+            producer.send_offsets(next_offsets(records), group).await?;
+            producer.commit().await?;
+            Ok::<_, AnalysisError>(())
+        }
+        .await;
+        let dead_letters = outputs
+            .iter()
+            .filter(|output| output.header_value(contracts::headers::dlt::ORIGINAL_TOPIC).is_some())
+            .map(|output| output.topic.clone())
+            .collect();
+        if let Err(error) = &result {
+            if let Err(abort) = producer.abort().await {
+                tracing::warn!(error = %kafka::consumer::error_chain(&abort), "abort failed; recreating the producer");
+                self.producer = None;
+            }
+            if matches!(error, AnalysisError::Kafka(kafka::Error::Transaction { fatal: true, .. })) {
+                self.producer = None;
+            }
+        }
+        result.map(|()| dead_letters)
+    }
+}
+
+fn decode(input: &OwnedMessage) -> Result<TransferRequested, MalformedEvent> {
+    let event: TransferRequested =
+        serde_json::from_slice(input.payload().unwrap_or_default()).map_err(MalformedEvent::Json)?;
+    if event.amount_cents <= 0 {
+        return Err(MalformedEvent::Amount(event.amount_cents));
+    }
+    Ok(event)
+}
+
+/// Per partition, the offset after its last record in `records`.
+fn next_offsets(records: &[&OwnedMessage]) -> TopicPartitionList {
+    let mut next: BTreeMap<(&str, i32), i64> = BTreeMap::new();
+    for record in records {
+        let entry = next.entry((record.topic(), record.partition())).or_insert(0);
+        *entry = (*entry).max(record.offset() + 1);
+    }
+    let mut offsets = TopicPartitionList::with_capacity(next.len());
+    for ((topic, partition), offset) in next {
+        // only fails for an invalid offset, which offset + 1 of a real record never is
+        drop(offsets.add_partition_offset(topic, partition, Offset::Offset(offset)));
+    }
+    offsets
+}
+
+impl Handler for Analyser {
+    type Error = AnalysisError;
+
+    async fn handle(&mut self, batch: &[OwnedMessage]) -> Result<(), AnalysisError> {
+        // a retried batch may hold partitions that were revoked meanwhile: their new owner
+        // starts from the last committed offset, so they are not ours to produce any more
+        let assignment = self.consumer.assignment().ok();
+        let owned: Vec<&OwnedMessage> = batch
+            .iter()
+            .filter(|record| {
+                assignment.as_ref().is_none_or(|assigned| {
+                    assigned.find_partition(record.topic(), record.partition()).is_some()
+                })
+            })
+            .collect();
+        if owned.is_empty() {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        for topic in self.transact(&owned).await? {
+            metrics::counter!("dlt_mensagens_total", "topic" => topic).increment(1);
+        }
+        metrics::histogram!("antifraude_transaction_seconds").record(started.elapsed().as_secs_f64());
+        metrics::counter!("antifraude_analisadas_total").increment(owned.len() as u64);
+        Ok(())
+    }
+}

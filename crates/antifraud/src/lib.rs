@@ -1,0 +1,155 @@
+//! `pagamentos antifraude`: every `TransferenciaSolicitada` becomes exactly one committed
+//! `TransferenciaAnalisada` or `TransferenciaRejeitada(BLOQUEADA_ANTIFRAUDE)`, through crashes
+//! and rebalances (reference article §5).
+//!
+//! # Layout
+//! - [`scoring`]: the deterministic risk score and its documented rules.
+//! - [`analysis`]: the batch handler: outputs, dead letters and consumed offsets in one Kafka
+//!   transaction.
+//! - [`start`]: wires the consumer loop (offsets only in transactions), `/healthz`, `/readyz`
+//!   and `/metrics` on port 8082.
+//!
+//! # Architecture invariant
+//! Kafka to Kafka only: no database. Exactly-once comes from Kafka transactions with the
+//! consumed offsets inside (KIP-447), `read_committed` readers and deterministic derived ids.
+
+pub mod analysis;
+pub mod scoring;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use contracts::topics;
+use kafka::config::{consumer_config, producer_config, transactional_producer_config, OffsetCommit};
+use kafka::consumer::LoopOptions;
+use kafka::producer::Producer;
+use kafka::{KafkaArgs, Profile, TopicArgs};
+
+/// Options of `pagamentos antifraude`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AntifraudArgs {
+    /// Address of `/healthz`, `/readyz` and `/metrics`.
+    #[arg(long = "antifraude-listen", env = "ANTIFRAUDE_LISTEN", default_value = "0.0.0.0:8082")]
+    pub listen: SocketAddr,
+
+    /// Transfers of this many cents or more score at least 80 and are blocked.
+    #[arg(long, env = "ANTIFRAUDE_BLOQUEIO_CENTAVOS", default_value_t = scoring::DEFAULT_BLOCK_THRESHOLD_CENTS, value_parser = clap::value_parser!(i64).range(1..))]
+    pub block_threshold_cents: i64,
+
+    /// Prefix of the stable `transactional.id`; the instance id follows it.
+    #[arg(long, env = "TRANSACTIONAL_ID_PREFIX", default_value = "tx-antifraude-")]
+    pub transactional_id_prefix: String,
+
+    /// This instance's id (default: the host name): keep it stable across restarts so a new
+    /// process fences its predecessor's unfinished transaction at once.
+    #[arg(long, env = "PAGAMENTOS_INSTANCE_ID")]
+    pub instance_id: Option<String>,
+
+    /// Most records in one transaction (`fast` profile; `reference` uses 1).
+    #[arg(long, env = "ANTIFRAUDE_BATCH_RECORDS", default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub batch_records: u32,
+
+    /// How long a transaction keeps collecting records after the first, in milliseconds.
+    #[arg(long, env = "ANTIFRAUDE_BATCH_WAIT_MS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=1_000))]
+    pub batch_wait_ms: u64,
+}
+
+/// Everything a running antifraud service needs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub args: AntifraudArgs,
+    pub kafka: KafkaArgs,
+    pub topics: TopicArgs,
+    pub profile: Profile,
+}
+
+/// The host name, for the default instance id.
+fn host_name() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "local".into())
+}
+
+/// Makes sure the topics exist, then spawns the transactional consumer loop and the health
+/// routes on `tracker`. Returns the health address.
+pub async fn start(
+    settings: Settings,
+    shutdown: CancellationToken,
+    tracker: &TaskTracker,
+) -> Result<SocketAddr, Error> {
+    let Settings { args, kafka, topics: topic_args, profile } = settings;
+    let report = kafka::topics::ensure(&kafka, &topic_args, &topics::plan(&kafka.topic_prefix)).await?;
+    if !report.is_consistent() {
+        tracing::warn!(report = %report, "existing topics differ from the configuration");
+    }
+    let instance = args.instance_id.clone().unwrap_or_else(host_name);
+    let transactional_id = format!("{}{instance}", args.transactional_id_prefix);
+    let group = kafka.group(topics::groups::ANTIFRAUD);
+    let input = kafka.topic(topics::REQUESTED);
+    let consumer = kafka::consumer::subscribe(
+        &consumer_config(&kafka, "antifraude", &group, OffsetCommit::InTransaction),
+        &[&input],
+    )?;
+    let analyser = analysis::Analyser::new(
+        consumer.clone(),
+        transactional_producer_config(&kafka, "antifraude", &transactional_id, profile.linger()),
+        analysis::Topics { analysed: kafka.topic(topics::ANALYSED), rejected: kafka.topic(topics::REJECTED) },
+        scoring::Scorer { block_threshold_cents: args.block_threshold_cents },
+        group.clone(),
+    );
+    let options = LoopOptions {
+        // the article commits one transaction per record
+        batch_records_max: if profile == Profile::Reference { 1 } else { args.batch_records as usize },
+        batch_wait_max: Duration::from_millis(args.batch_wait_ms),
+        offsets: OffsetCommit::InTransaction,
+        ..LoopOptions::default()
+    };
+    tracing::info!(transactional_id, group, "antifraude starting");
+
+    let probe = Producer::new(&producer_config(&kafka, "antifraude-health", profile.linger()))?;
+    let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> =
+        vec![Arc::new(kafka::health::KafkaReady::new(probe))];
+    let app = telemetry::health::router(checks, telemetry::metrics::install());
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|source| Error::Bind { address: args.listen.to_string(), source })?;
+    let bound =
+        listener.local_addr().map_err(|source| Error::Bind { address: args.listen.to_string(), source })?;
+    {
+        let shutdown = shutdown.clone();
+        tracker.spawn(async move {
+            if let Err(error) =
+                axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await
+            {
+                tracing::error!(%error, "antifraude health routes stopped");
+            }
+        });
+    }
+    tracker.spawn(kafka::lag::report(consumer.clone(), group, shutdown.clone()));
+    tracker.spawn(async move {
+        if let Err(error) = kafka::consumer::run(consumer, analyser, options, shutdown).await {
+            tracing::error!(error = %kafka::consumer::error_chain(&error), "antifraude stopped");
+        }
+    });
+    Ok(bound)
+}
+
+/// What can stop the service from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Kafka(#[from] kafka::Error),
+    #[error("cannot listen on {address}")]
+    Bind {
+        address: String,
+        #[source]
+        source: std::io::Error,
+    },
+}

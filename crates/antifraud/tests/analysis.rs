@@ -1,0 +1,173 @@
+//! antifraude against the real stack: outputs, derived ids, poison, reprocessing.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kafka::config::{consumer_config, producer_config, OffsetCommit};
+use kafka::consumer::KafkaConsumer;
+use kafka::producer::{OutgoingRecord, Producer};
+use kafka::rdkafka::message::{Headers, Message, OwnedMessage};
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use uuid::Uuid;
+
+use contracts::ids::{derived_event_id, ANALYSED_PREFIX, REJECTED_BY_ANTIFRAUD_PREFIX};
+use contracts::topics;
+use testkit::{receive, unique, TestTopics};
+
+struct Running {
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl Running {
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.tracker.close();
+        tokio::time::timeout(Duration::from_secs(30), self.tracker.wait()).await.expect("drains in 30 s");
+    }
+}
+
+async fn start(topics: &TestTopics, instance: &str) -> Running {
+    let settings = antifraud::Settings {
+        args: antifraud::AntifraudArgs {
+            listen: "127.0.0.1:0".parse().expect("address"),
+            block_threshold_cents: antifraud::scoring::DEFAULT_BLOCK_THRESHOLD_CENTS,
+            transactional_id_prefix: unique("tx-antifraude-test"),
+            instance_id: Some(instance.into()),
+            batch_records: 500,
+            batch_wait_ms: 5,
+        },
+        kafka: topics.args.clone(),
+        topics: kafka::TopicArgs { partitions: 2, replicas: 1 },
+        profile: kafka::Profile::Fast,
+    };
+    let shutdown = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    antifraud::start(settings, shutdown.clone(), &tracker).await.expect("antifraude starts");
+    Running { shutdown, tracker }
+}
+
+fn requested(transfer_id: Uuid, source: &str, amount: i64) -> Value {
+    json!({
+        "eventoId": Uuid::new_v4(), "transferenciaId": transfer_id, "contaOrigem": source,
+        "contaDestino": "CC-999", "valorEmCentavos": amount, "moeda": "BRL",
+        "criadaEm": "2026-12-03T10:00:00.123456Z"
+    })
+}
+
+async fn publish(topics: &TestTopics, key: &str, payload: Vec<u8>) {
+    let producer = Producer::new(&producer_config(&topics.args, "test", Duration::ZERO)).expect("producer");
+    producer
+        .send(&OutgoingRecord::new(topics.topic(topics::REQUESTED), key, payload))
+        .await
+        .expect("publish");
+}
+
+fn reader(topics: &TestTopics, contract_topics: &[&str]) -> Arc<KafkaConsumer> {
+    let names: Vec<String> = contract_topics.iter().map(|name| topics.topic(name)).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    kafka::consumer::subscribe(
+        &consumer_config(&topics.args, "test", &unique("reader"), OffsetCommit::StoredAfterHandling),
+        &names,
+    )
+    .expect("reader")
+}
+
+fn header(record: &OwnedMessage, name: &str) -> Option<String> {
+    let headers = record.headers()?;
+    let header = headers.iter().find(|header| header.key == name)?;
+    header.value.map(|value| String::from_utf8_lossy(value).into_owned())
+}
+
+fn body(record: &OwnedMessage) -> Value {
+    serde_json::from_slice(record.payload().expect("payload")).expect("json")
+}
+
+#[tokio::test]
+async fn small_transfers_are_analysed_and_large_ones_blocked_with_derived_ids() {
+    testkit::init_logs();
+    let topics = TestTopics::plan(2).await;
+    let running = start(&topics, "a").await;
+    let (small, large) = (Uuid::new_v4(), Uuid::new_v4());
+    publish(&topics, "CC-001", requested(small, "CC-001", 1_234).to_string().into_bytes()).await;
+    publish(&topics, "CC-002", requested(large, "CC-002", 10_000_000).to_string().into_bytes()).await;
+
+    let outputs = receive(&reader(&topics, &[topics::ANALYSED, topics::REJECTED]), 2).await;
+    let by_topic: HashMap<String, &OwnedMessage> =
+        outputs.iter().map(|record| (record.topic().to_owned(), record)).collect();
+    let analysed = by_topic[&topics.topic(topics::ANALYSED)];
+    let event = body(analysed);
+    assert_eq!(event["transferenciaId"], small.to_string());
+    assert_eq!(event["eventoId"], derived_event_id(ANALYSED_PREFIX, small).to_string());
+    assert_eq!(event["score"], 5);
+    assert_eq!(event["valorEmCentavos"], 1_234);
+    assert_eq!(event["contaDestino"], "CC-999");
+    assert_eq!(analysed.key(), Some(b"CC-001".as_slice()));
+    assert_eq!(header(analysed, "evento-tipo").as_deref(), Some("TransferenciaAnalisada"));
+    assert_eq!(header(analysed, "evento-id"), event["eventoId"].as_str().map(str::to_owned));
+
+    let rejected = by_topic[&topics.topic(topics::REJECTED)];
+    let event = body(rejected);
+    assert_eq!(event["transferenciaId"], large.to_string());
+    assert_eq!(event["eventoId"], derived_event_id(REJECTED_BY_ANTIFRAUD_PREFIX, large).to_string());
+    assert_eq!(event["motivo"], "BLOQUEADA_ANTIFRAUDE");
+    assert_eq!(rejected.key(), Some(b"CC-002".as_slice()));
+    assert_eq!(header(rejected, "evento-tipo").as_deref(), Some("TransferenciaRejeitada"));
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn poison_goes_to_the_dead_letter_topic_and_the_rest_is_processed() {
+    testkit::init_logs();
+    let topics = TestTopics::plan(2).await;
+    let (before, after) = (Uuid::new_v4(), Uuid::new_v4());
+    // all on one key, so one partition, in this order, before the service starts: one batch
+    publish(&topics, "CC-001", requested(before, "CC-001", 100).to_string().into_bytes()).await;
+    publish(&topics, "CC-001", b"{\"eventoId\": 42".to_vec()).await;
+    publish(&topics, "CC-001", requested(Uuid::new_v4(), "CC-001", -5).to_string().into_bytes()).await;
+    publish(&topics, "CC-001", requested(after, "CC-001", 200).to_string().into_bytes()).await;
+    let running = start(&topics, "a").await;
+
+    let analysed = receive(&reader(&topics, &[topics::ANALYSED]), 2).await;
+    let ids: Vec<Value> = analysed.iter().map(|record| body(record)["transferenciaId"].clone()).collect();
+    assert_eq!(ids, [json!(before.to_string()), json!(after.to_string())]);
+    let letters =
+        receive(&reader(&topics, &[&contracts::topics::dead_letter_topic(topics::REQUESTED)]), 2).await;
+    for letter in &letters {
+        assert_eq!(
+            header(letter, "kafka_dlt-exception-fqcn").as_deref(),
+            Some("antifraud::analysis::MalformedEvent")
+        );
+        assert_eq!(header(letter, "kafka_dlt-original-topic"), Some(topics.topic(topics::REQUESTED)));
+        assert_eq!(
+            header(letter, "kafka_dlt-original-consumer-group"),
+            Some(topics.args.group("antifraude"))
+        );
+    }
+    assert_eq!(letters[0].payload(), Some(b"{\"eventoId\": 42".as_slice()));
+    assert!(header(&letters[1], "kafka_dlt-exception-message").expect("message").contains("greater than 0"));
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn a_redelivered_request_yields_the_same_event_id() {
+    testkit::init_logs();
+    let topics = TestTopics::plan(2).await;
+    let running = start(&topics, "a").await;
+    let transfer = Uuid::new_v4();
+    // the outbox relay publishes at least once: the same event twice
+    let payload = requested(transfer, "CC-001", 4_321).to_string().into_bytes();
+    publish(&topics, "CC-001", payload.clone()).await;
+    publish(&topics, "CC-001", payload).await;
+    let outputs = receive(&reader(&topics, &[topics::ANALYSED]), 2).await;
+    let (mut first, mut second) = (body(&outputs[0]), body(&outputs[1]));
+    assert_eq!(first["eventoId"], derived_event_id(ANALYSED_PREFIX, transfer).to_string());
+    // byte-identical but for the analysis timestamp
+    first.as_object_mut().expect("object").remove("analisadaEm");
+    second.as_object_mut().expect("object").remove("analisadaEm");
+    assert_eq!(first, second);
+    running.stop().await;
+}

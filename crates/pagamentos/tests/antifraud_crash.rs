@@ -18,6 +18,10 @@ use testkit::{unique, TestTopics};
 const INPUTS: usize = 2_000;
 
 fn antifraude(topics: &TestTopics, transactional_prefix: &str) -> Child {
+    antifraude_instance(topics, transactional_prefix, "crash-test")
+}
+
+fn antifraude_instance(topics: &TestTopics, transactional_prefix: &str, instance: &str) -> Child {
     Command::new(env!("CARGO_BIN_EXE_pagamentos"))
         .arg("antifraude")
         .env("KAFKA_BOOTSTRAP_SERVERS", &topics.args.bootstrap_servers)
@@ -26,7 +30,7 @@ fn antifraude(topics: &TestTopics, transactional_prefix: &str) -> Child {
         .env("APP_KAFKA_PARTITIONS", "3")
         .env("ANTIFRAUDE_LISTEN", "127.0.0.1:0")
         .env("TRANSACTIONAL_ID_PREFIX", transactional_prefix)
-        .env("PAGAMENTOS_INSTANCE_ID", "crash-test")
+        .env("PAGAMENTOS_INSTANCE_ID", instance)
         .env("ANTIFRAUDE_BATCH_RECORDS", "50")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
@@ -36,42 +40,28 @@ fn antifraude(topics: &TestTopics, transactional_prefix: &str) -> Child {
         .expect("start pagamentos antifraude")
 }
 
-#[tokio::test]
-async fn sigkill_mid_stream_twice_leaves_exactly_one_output_per_input() {
-    testkit::init_logs();
-    let topics = TestTopics::plan(3).await;
-    let transactional_prefix = unique("tx-crash");
+/// Publishes one request per id over about 4 s (50 every 100 ms).
+fn feed(topics: &TestTopics, ids: Vec<Uuid>) -> tokio::task::JoinHandle<()> {
     let input = topics.topic(topics::REQUESTED);
     let producer = Producer::new(&producer_config(&topics.args, "test", Duration::ZERO)).expect("producer");
-    let ids: Vec<Uuid> = (0..INPUTS).map(|_| Uuid::new_v4()).collect();
-
-    // the input arrives as a stream over about 4 s, so both kills land mid-stream
-    let feed = {
-        let ids = ids.clone();
-        tokio::spawn(async move {
-            for (n, id) in ids.iter().enumerate() {
-                let key = format!("CC-{:03}", n % 100);
-                let event = json!({
-                    "eventoId": Uuid::new_v4(), "transferenciaId": id, "contaOrigem": key,
-                    "contaDestino": "CC-999", "valorEmCentavos": 100 + n, "moeda": "BRL",
-                    "criadaEm": "2026-12-03T10:00:00Z"
-                });
-                producer.send(&OutgoingRecord::new(&input, key, event.to_string())).await.expect("feed");
-                if n % 50 == 49 {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
+    tokio::spawn(async move {
+        for (n, id) in ids.iter().enumerate() {
+            let key = format!("CC-{:03}", n % 100);
+            let event = json!({
+                "eventoId": Uuid::new_v4(), "transferenciaId": id, "contaOrigem": key,
+                "contaDestino": "CC-999", "valorEmCentavos": 100 + n, "moeda": "BRL",
+                "criadaEm": "2026-12-03T10:00:00Z"
+            });
+            producer.send(&OutgoingRecord::new(&input, key, event.to_string())).await.expect("feed");
+            if n % 50 == 49 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
-        })
-    };
+        }
+    })
+}
 
-    let mut service = antifraude(&topics, &transactional_prefix);
-    for pause_ms in [1_200, 1_500] {
-        tokio::time::sleep(Duration::from_millis(pause_ms)).await;
-        service.kill().await.expect("SIGKILL");
-        service = antifraude(&topics, &transactional_prefix);
-    }
-    feed.await.expect("feed");
-
+/// Committed outputs per transfer id, read until every input has one and 3 s more pass.
+async fn committed_outputs(topics: &TestTopics) -> (HashMap<String, usize>, usize) {
     let reader = kafka::consumer::subscribe(
         &consumer_config(&topics.args, "test", &unique("reader"), OffsetCommit::StoredAfterHandling),
         &[&topics.topic(topics::ANALYSED), &topics.topic(topics::REJECTED)],
@@ -80,29 +70,61 @@ async fn sigkill_mid_stream_twice_leaves_exactly_one_output_per_input() {
     let mut outputs: HashMap<String, usize> = HashMap::new();
     let mut total = 0;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    // read until every input has its output, then 3 s more to catch any duplicate
     let mut quiet_until: Option<tokio::time::Instant> = None;
-    loop {
-        let wait_until = quiet_until.unwrap_or(deadline);
-        match tokio::time::timeout_at(wait_until, reader.recv()).await {
-            Ok(record) => {
-                let record = record.expect("receive");
-                let event: Value = serde_json::from_slice(record.payload().expect("payload")).expect("json");
-                *outputs.entry(event["transferenciaId"].as_str().expect("id").to_owned()).or_default() += 1;
-                total += 1;
-                if outputs.len() == INPUTS && quiet_until.is_none() {
-                    quiet_until = Some(tokio::time::Instant::now() + Duration::from_secs(3));
-                }
-            }
-            Err(_) => break,
+    while let Ok(record) = tokio::time::timeout_at(quiet_until.unwrap_or(deadline), reader.recv()).await {
+        let record = record.expect("receive");
+        let event: Value = serde_json::from_slice(record.payload().expect("payload")).expect("json");
+        *outputs.entry(event["transferenciaId"].as_str().expect("id").to_owned()).or_default() += 1;
+        total += 1;
+        if outputs.len() == INPUTS && quiet_until.is_none() {
+            quiet_until = Some(tokio::time::Instant::now() + Duration::from_secs(3));
         }
     }
-    service.kill().await.expect("stop");
+    (outputs, total)
+}
+
+fn assert_exactly_once(ids: &[Uuid], outputs: &HashMap<String, usize>, total: usize) {
     assert_eq!(outputs.len(), INPUTS, "missing outputs: {} of {INPUTS} inputs seen", outputs.len());
-    let doubled: Vec<_> = outputs.iter().filter(|(_, count)| **count > 1).collect();
-    assert!(doubled.is_empty(), "{} inputs have more than one committed output", doubled.len());
+    let doubled = outputs.values().filter(|count| **count > 1).count();
+    assert_eq!(doubled, 0, "{doubled} inputs have more than one committed output");
     assert_eq!(total, INPUTS);
-    for id in &ids {
+    for id in ids {
         assert_eq!(outputs.get(&id.to_string()), Some(&1));
     }
+}
+
+#[tokio::test]
+async fn sigkill_mid_stream_twice_leaves_exactly_one_output_per_input() {
+    testkit::init_logs();
+    let topics = TestTopics::plan(3).await;
+    let transactional_prefix = unique("tx-crash");
+    let ids: Vec<Uuid> = (0..INPUTS).map(|_| Uuid::new_v4()).collect();
+    let feeding = feed(&topics, ids.clone());
+    let mut service = antifraude(&topics, &transactional_prefix);
+    for pause_ms in [1_200, 1_500] {
+        tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+        service.kill().await.expect("SIGKILL");
+        service = antifraude(&topics, &transactional_prefix);
+    }
+    feeding.await.expect("feed");
+    let (outputs, total) = committed_outputs(&topics).await;
+    service.kill().await.expect("stop");
+    assert_exactly_once(&ids, &outputs, total);
+}
+
+#[tokio::test]
+async fn when_one_of_two_instances_dies_the_other_takes_over_without_duplicates() {
+    testkit::init_logs();
+    let topics = TestTopics::plan(3).await;
+    let transactional_prefix = unique("tx-pair");
+    let ids: Vec<Uuid> = (0..INPUTS).map(|_| Uuid::new_v4()).collect();
+    let mut first = antifraude_instance(&topics, &transactional_prefix, "first");
+    let mut second = antifraude_instance(&topics, &transactional_prefix, "second");
+    let feeding = feed(&topics, ids.clone());
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    first.kill().await.expect("SIGKILL the first instance");
+    feeding.await.expect("feed");
+    let (outputs, total) = committed_outputs(&topics).await;
+    second.kill().await.expect("stop");
+    assert_exactly_once(&ids, &outputs, total);
 }

@@ -1,0 +1,141 @@
+//! Benchmark of antifraude alone, both profiles side by side, against the local stack:
+//!
+//! ```sh
+//! cargo run --release -p antifraud --example antifraud_bench -- [backlog] [steady_seconds]
+//! ```
+//!
+//! 1. *Backlog*: `backlog` requests (default 20 000) over 1 000 keys are waiting on a
+//!    12-partition topic; one instance starts and drains them. Reports records per second from
+//!    the start to the moment a `read_committed` reader has seen every output.
+//! 2. *Steady*: 200 requests/s for `steady_seconds` (default 10); reports the added latency per
+//!    record, output record timestamp minus input record timestamp (both set by their
+//!    producers, ms resolution): p50, p99, max.
+//!
+//! Each profile gets fresh topics. Prints one JSON line per profile.
+
+use std::time::{Duration, Instant};
+
+use kafka::config::{consumer_config, producer_config, OffsetCommit};
+use kafka::producer::{OutgoingRecord, Producer};
+use kafka::rdkafka::message::Message;
+use kafka::Profile;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use uuid::Uuid;
+
+use contracts::topics;
+use testkit::{unique, TestTopics};
+
+const RATE_PER_SECOND: u64 = 200;
+
+#[tokio::main]
+async fn main() {
+    let mut args = std::env::args().skip(1);
+    let backlog: usize = args.next().map_or(20_000, |text| text.parse().expect("backlog: a number"));
+    let steady_seconds: u64 = args.next().map_or(10, |text| text.parse().expect("steady_seconds: a number"));
+    for profile in [Profile::Fast, Profile::Reference] {
+        println!("{}", run(profile, backlog, steady_seconds).await);
+    }
+}
+
+fn request(n: usize) -> (String, String) {
+    let key = format!("CC-{:03}", n % 1000);
+    let event = json!({
+        "eventoId": Uuid::new_v4(), "transferenciaId": Uuid::new_v4(), "contaOrigem": key,
+        "contaDestino": "CC-999", "valorEmCentavos": 100 + n, "moeda": "BRL",
+        "criadaEm": "2026-12-03T10:00:00Z"
+    });
+    (key, event.to_string())
+}
+
+fn percentile(sorted: &[i64], q: f64) -> i64 {
+    sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
+}
+
+async fn run(profile: Profile, backlog: usize, steady_seconds: u64) -> serde_json::Value {
+    let topics = TestTopics::plan(12).await;
+    let input = topics.topic(topics::REQUESTED);
+    let producer = Producer::new(&producer_config(&topics.args, "bench", Duration::from_millis(5))).expect("producer");
+    let records: Vec<OutgoingRecord> =
+        (0..backlog).map(|n| request(n)).map(|(key, body)| OutgoingRecord::new(&input, key, body)).collect();
+    futures::future::try_join_all(records.iter().map(|record| producer.send(record))).await.expect("backlog");
+
+    let reader = kafka::consumer::subscribe(
+        &consumer_config(&topics.args, "bench", &unique("reader"), OffsetCommit::StoredAfterHandling),
+        &[&topics.topic(topics::ANALYSED)],
+    )
+    .expect("reader");
+    let settings = antifraud::Settings {
+        args: antifraud::AntifraudArgs {
+            listen: "127.0.0.1:0".parse().expect("address"),
+            block_threshold_cents: antifraud::scoring::DEFAULT_BLOCK_THRESHOLD_CENTS,
+            transactional_id_prefix: unique("tx-bench"),
+            instance_id: Some("bench".into()),
+            batch_records: 500,
+            batch_wait_ms: 5,
+        },
+        kafka: topics.args.clone(),
+        topics: kafka::TopicArgs { partitions: 12, replicas: 1 },
+        profile,
+    };
+    let shutdown = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    let started = Instant::now();
+    antifraud::start(settings, shutdown.clone(), &tracker).await.expect("start");
+    let mut seen = 0;
+    while seen < backlog {
+        reader.recv().await.expect("receive");
+        seen += 1;
+    }
+    let drain_seconds = started.elapsed().as_secs_f64();
+
+    // steady: open loop, each request due at start + i/rate; latency from record timestamps
+    let total = (RATE_PER_SECOND * steady_seconds) as usize;
+    let sender = {
+        let producer = producer.clone();
+        let input = input.clone();
+        tokio::spawn(async move {
+            let start = tokio::time::Instant::now();
+            for i in 0..total {
+                tokio::time::sleep_until(start + Duration::from_micros(i as u64 * 1_000_000 / RATE_PER_SECOND)).await;
+                let (key, body) = request(backlog + i);
+                let producer = producer.clone();
+                let record = OutgoingRecord::new(&input, key, body);
+                tokio::spawn(async move { producer.send(&record).await.expect("steady send") });
+            }
+        })
+    };
+    let mut latencies = Vec::with_capacity(total);
+    let input_reader = kafka::consumer::subscribe(
+        &consumer_config(&topics.args, "bench", &unique("inputs"), OffsetCommit::StoredAfterHandling),
+        &[&input],
+    )
+    .expect("input reader");
+    let mut input_times = std::collections::HashMap::new();
+    while input_times.len() < backlog + total {
+        let record = input_reader.recv().await.expect("input");
+        let body: serde_json::Value = serde_json::from_slice(record.payload().expect("payload")).expect("json");
+        input_times.insert(body["transferenciaId"].as_str().expect("id").to_owned(), record.timestamp().to_millis().unwrap_or(0));
+    }
+    while latencies.len() < total {
+        let record = reader.recv().await.expect("receive");
+        let body: serde_json::Value = serde_json::from_slice(record.payload().expect("payload")).expect("json");
+        let id = body["transferenciaId"].as_str().expect("id");
+        if let (Some(sent), Some(out)) = (input_times.get(id), record.timestamp().to_millis()) {
+            latencies.push(out - sent);
+        }
+    }
+    sender.await.expect("sender");
+    shutdown.cancel();
+    tracker.close();
+    tracker.wait().await;
+    latencies.sort_unstable();
+    json!({
+        "profile": format!("{profile:?}").to_lowercase(),
+        "backlog": backlog,
+        "drain_records_per_s": (backlog as f64 / drain_seconds).round(),
+        "steady_rate_per_s": RATE_PER_SECOND,
+        "added_latency_ms": {"p50": percentile(&latencies, 0.5), "p99": percentile(&latencies, 0.99), "max": latencies[latencies.len() - 1]},
+    })
+}

@@ -33,7 +33,8 @@ const RATE_PER_SECOND: u64 = 200;
 #[tokio::main]
 async fn main() {
     let mut args = std::env::args().skip(1);
-    let backlog_fast: usize = args.next().map_or(20_000, |text| text.parse().expect("backlog_fast: a number"));
+    let backlog_fast: usize =
+        args.next().map_or(20_000, |text| text.parse().expect("backlog_fast: a number"));
     let backlog_reference: usize =
         args.next().map_or(2_000, |text| text.parse().expect("backlog_reference: a number"));
     let steady_seconds: u64 = args.next().map_or(10, |text| text.parse().expect("steady_seconds: a number"));
@@ -58,9 +59,10 @@ fn percentile(sorted: &[i64], q: f64) -> i64 {
 async fn run(profile: Profile, backlog: usize, steady_seconds: u64) -> serde_json::Value {
     let topics = TestTopics::plan(12).await;
     let input = topics.topic(topics::REQUESTED);
-    let producer = Producer::new(&producer_config(&topics.args, "bench", Duration::from_millis(5))).expect("producer");
+    let producer =
+        Producer::new(&producer_config(&topics.args, "bench", Duration::from_millis(5))).expect("producer");
     let records: Vec<OutgoingRecord> =
-        (0..backlog).map(|n| request(n)).map(|(key, body)| OutgoingRecord::new(&input, key, body)).collect();
+        (0..backlog).map(request).map(|(key, body)| OutgoingRecord::new(&input, key, body)).collect();
     futures::future::try_join_all(records.iter().map(|record| producer.send(record))).await.expect("backlog");
 
     let reader = kafka::consumer::subscribe(
@@ -103,7 +105,10 @@ async fn run(profile: Profile, backlog: usize, steady_seconds: u64) -> serde_jso
         tokio::spawn(async move {
             let start = tokio::time::Instant::now();
             for i in 0..total {
-                tokio::time::sleep_until(start + Duration::from_micros(i as u64 * 1_000_000 / RATE_PER_SECOND)).await;
+                tokio::time::sleep_until(
+                    start + Duration::from_micros(i as u64 * 1_000_000 / RATE_PER_SECOND),
+                )
+                .await;
                 let (key, body) = request(backlog + i);
                 let producer = producer.clone();
                 let record = OutgoingRecord::new(&input, key, body);
@@ -120,12 +125,17 @@ async fn run(profile: Profile, backlog: usize, steady_seconds: u64) -> serde_jso
     let mut input_times = std::collections::HashMap::new();
     while input_times.len() < backlog + total {
         let record = input_reader.recv().await.expect("input");
-        let body: serde_json::Value = serde_json::from_slice(record.payload().expect("payload")).expect("json");
-        input_times.insert(body["transferenciaId"].as_str().expect("id").to_owned(), record.timestamp().to_millis().unwrap_or(0));
+        let body: serde_json::Value =
+            serde_json::from_slice(record.payload().expect("payload")).expect("json");
+        input_times.insert(
+            body["transferenciaId"].as_str().expect("id").to_owned(),
+            record.timestamp().to_millis().unwrap_or(0),
+        );
     }
     while latencies.len() < total {
         let record = reader.recv().await.expect("receive");
-        let body: serde_json::Value = serde_json::from_slice(record.payload().expect("payload")).expect("json");
+        let body: serde_json::Value =
+            serde_json::from_slice(record.payload().expect("payload")).expect("json");
         let id = body["transferenciaId"].as_str().expect("id");
         if let (Some(sent), Some(out)) = (input_times.get(id), record.timestamp().to_millis()) {
             latencies.push(out - sent);

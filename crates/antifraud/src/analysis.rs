@@ -152,7 +152,7 @@ impl Analyser {
         Ok(record)
     }
 
-    /// One transaction for `records`; returns the dead letters it committed.
+    /// One transaction for `records`; returns the committed outputs' topics.
     async fn transact(&mut self, records: &[&OwnedMessage]) -> Result<Vec<String>, AnalysisError> {
         let outputs = records.iter().map(|record| self.output(record)).collect::<Result<Vec<_>, _>>()?;
         let producer = self.producer().await?;
@@ -167,11 +167,7 @@ impl Analyser {
             Ok::<_, AnalysisError>(())
         }
         .await;
-        let dead_letters = outputs
-            .iter()
-            .filter(|output| output.header_value(contracts::headers::dlt::ORIGINAL_TOPIC).is_some())
-            .map(|output| output.topic.clone())
-            .collect();
+        let committed_topics = outputs.iter().map(|output| output.topic.clone()).collect();
         if let Err(error) = &result {
             if let Err(abort) = producer.abort().await {
                 tracing::warn!(error = %kafka::consumer::error_chain(&abort), "abort failed; recreating the producer");
@@ -181,7 +177,7 @@ impl Analyser {
                 self.producer = None;
             }
         }
-        result.map(|()| dead_letters)
+        result.map(|()| committed_topics)
     }
 }
 
@@ -228,11 +224,19 @@ impl Handler for Analyser {
             return Ok(());
         }
         let started = std::time::Instant::now();
-        for topic in self.transact(&owned).await? {
-            metrics::counter!("dlt_mensagens_total", "topic" => topic).increment(1);
-        }
+        let committed = self.transact(&owned).await?;
         metrics::histogram!("antifraude_transaction_seconds").record(started.elapsed().as_secs_f64());
-        metrics::counter!("antifraude_analisadas_total").increment(owned.len() as u64);
+        for topic in committed {
+            let resultado = if topic == self.topics.analysed {
+                "analisada"
+            } else if topic == self.topics.rejected {
+                "bloqueada"
+            } else {
+                metrics::counter!("dlt_mensagens_total", "topic" => topic).increment(1);
+                "dlt"
+            };
+            metrics::counter!("antifraude_registros_total", "resultado" => resultado).increment(1);
+        }
         Ok(())
     }
 }

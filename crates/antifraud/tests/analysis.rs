@@ -59,11 +59,16 @@ fn requested(transfer_id: Uuid, source: &str, amount: i64) -> Value {
 }
 
 async fn publish(topics: &TestTopics, key: &str, payload: Vec<u8>) {
+    publish_traced(topics, key, payload, None).await;
+}
+
+async fn publish_traced(topics: &TestTopics, key: &str, payload: Vec<u8>, traceparent: Option<&str>) {
     let producer = Producer::new(&producer_config(&topics.args, "test", Duration::ZERO)).expect("producer");
-    producer
-        .send(&OutgoingRecord::new(topics.topic(topics::REQUESTED), key, payload))
-        .await
-        .expect("publish");
+    let mut record = OutgoingRecord::new(topics.topic(topics::REQUESTED), key, payload);
+    if let Some(traceparent) = traceparent {
+        record = record.header("traceparent", traceparent);
+    }
+    producer.send(&record).await.expect("publish");
 }
 
 fn reader(topics: &TestTopics, contract_topics: &[&str]) -> Arc<KafkaConsumer> {
@@ -92,7 +97,14 @@ async fn small_transfers_are_analysed_and_large_ones_blocked_with_derived_ids() 
     let topics = TestTopics::plan(2).await;
     let running = start(&topics, "a").await;
     let (small, large) = (Uuid::new_v4(), Uuid::new_v4());
-    publish(&topics, "CC-001", requested(small, "CC-001", 1_234).to_string().into_bytes()).await;
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    publish_traced(
+        &topics,
+        "CC-001",
+        requested(small, "CC-001", 1_234).to_string().into_bytes(),
+        Some(traceparent),
+    )
+    .await;
     publish(&topics, "CC-002", requested(large, "CC-002", 10_000_000).to_string().into_bytes()).await;
 
     let outputs = receive(&reader(&topics, &[topics::ANALYSED, topics::REJECTED]), 2).await;
@@ -108,6 +120,12 @@ async fn small_transfers_are_analysed_and_large_ones_blocked_with_derived_ids() 
     assert_eq!(analysed.key(), Some(b"CC-001".as_slice()));
     assert_eq!(header(analysed, "evento-tipo").as_deref(), Some("TransferenciaAnalisada"));
     assert_eq!(header(analysed, "evento-id"), event["eventoId"].as_str().map(str::to_owned));
+    let continued = header(analysed, "traceparent").expect("traceparent on the output");
+    assert!(
+        continued.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"),
+        "the input's trace goes on: {continued}"
+    );
+    assert!(!continued.contains("00f067aa0ba902b7"), "a span of its own: {continued}");
 
     let rejected = by_topic[&topics.topic(topics::REJECTED)];
     let event = body(rejected);

@@ -146,6 +146,14 @@ async fn run(profile: Profile, backlog: usize, steady_seconds: u64) -> serde_jso
     tracker.close();
     tracker.wait().await;
     latencies.sort_unstable();
+    // where the time goes: the service's own transaction histogram (cumulative over the run)
+    let rendered = telemetry::metrics::install().render();
+    let transaction_buckets: Vec<String> = rendered
+        .lines()
+        .filter(|line| line.starts_with("antifraude_transaction_seconds_bucket"))
+        .map(|line| line.trim_start_matches("antifraude_transaction_seconds_bucket").to_owned())
+        .collect();
+    eprintln!("{profile:?} transaction_seconds buckets (cumulative): {}", transaction_buckets.join(" "));
     json!({
         "profile": format!("{profile:?}").to_lowercase(),
         "backlog": backlog,

@@ -85,10 +85,7 @@ pub async fn start(
     tracker: &TaskTracker,
 ) -> Result<SocketAddr, Error> {
     let Settings { args, kafka, topics: topic_args, profile } = settings;
-    let report = kafka::topics::ensure(&kafka, &topic_args, &topics::plan(&kafka.topic_prefix)).await?;
-    if !report.is_consistent() {
-        tracing::warn!(report = %report, "existing topics differ from the configuration");
-    }
+    kafka::topics::ensure_at_start(&kafka, &topic_args).await?;
     let instance = args.instance_id.clone().unwrap_or_else(host_name);
     let transactional_id = format!("{}{instance}", args.transactional_id_prefix);
     let group = kafka.group(topics::groups::ANTIFRAUD);

@@ -50,14 +50,6 @@ async fn start(topics: &TestTopics, instance: &str) -> Running {
     Running { shutdown, tracker }
 }
 
-fn requested(transfer_id: Uuid, source: &str, amount: i64) -> Value {
-    json!({
-        "eventoId": Uuid::new_v4(), "transferenciaId": transfer_id, "contaOrigem": source,
-        "contaDestino": "CC-999", "valorEmCentavos": amount, "moeda": "BRL",
-        "criadaEm": "2026-12-03T10:00:00.123456Z"
-    })
-}
-
 async fn publish(topics: &TestTopics, key: &str, payload: Vec<u8>) {
     publish_traced(topics, key, payload, None).await;
 }
@@ -101,11 +93,16 @@ async fn small_transfers_are_analysed_and_large_ones_blocked_with_derived_ids() 
     publish_traced(
         &topics,
         "CC-001",
-        requested(small, "CC-001", 1_234).to_string().into_bytes(),
+        testkit::transfer_requested(small, "CC-001", 1_234).to_string().into_bytes(),
         Some(traceparent),
     )
     .await;
-    publish(&topics, "CC-002", requested(large, "CC-002", 10_000_000).to_string().into_bytes()).await;
+    publish(
+        &topics,
+        "CC-002",
+        testkit::transfer_requested(large, "CC-002", 10_000_000).to_string().into_bytes(),
+    )
+    .await;
 
     let outputs = receive(&reader(&topics, &[topics::ANALYSED, topics::REJECTED]), 2).await;
     let by_topic: HashMap<String, &OwnedMessage> =
@@ -143,10 +140,17 @@ async fn poison_goes_to_the_dead_letter_topic_and_the_rest_is_processed() {
     let topics = TestTopics::plan(2).await;
     let (before, after) = (Uuid::new_v4(), Uuid::new_v4());
     // all on one key, so one partition, in this order, before the service starts: one batch
-    publish(&topics, "CC-001", requested(before, "CC-001", 100).to_string().into_bytes()).await;
+    publish(&topics, "CC-001", testkit::transfer_requested(before, "CC-001", 100).to_string().into_bytes())
+        .await;
     publish(&topics, "CC-001", b"{\"eventoId\": 42".to_vec()).await;
-    publish(&topics, "CC-001", requested(Uuid::new_v4(), "CC-001", -5).to_string().into_bytes()).await;
-    publish(&topics, "CC-001", requested(after, "CC-001", 200).to_string().into_bytes()).await;
+    publish(
+        &topics,
+        "CC-001",
+        testkit::transfer_requested(Uuid::new_v4(), "CC-001", -5).to_string().into_bytes(),
+    )
+    .await;
+    publish(&topics, "CC-001", testkit::transfer_requested(after, "CC-001", 200).to_string().into_bytes())
+        .await;
     let running = start(&topics, "a").await;
 
     let analysed = receive(&reader(&topics, &[topics::ANALYSED]), 2).await;
@@ -177,7 +181,7 @@ async fn a_redelivered_request_yields_the_same_event_id() {
     let running = start(&topics, "a").await;
     let transfer = Uuid::new_v4();
     // the outbox relay publishes at least once: the same event twice
-    let payload = requested(transfer, "CC-001", 4_321).to_string().into_bytes();
+    let payload = testkit::transfer_requested(transfer, "CC-001", 4_321).to_string().into_bytes();
     publish(&topics, "CC-001", payload.clone()).await;
     publish(&topics, "CC-001", payload).await;
     let outputs = receive(&reader(&topics, &[topics::ANALYSED]), 2).await;

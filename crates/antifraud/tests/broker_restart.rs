@@ -6,10 +6,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use kafka::config::{consumer_config, producer_config, OffsetCommit};
-use kafka::producer::{OutgoingRecord, Producer};
+use kafka::config::{consumer_config, OffsetCommit};
 use kafka::rdkafka::message::Message;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
@@ -41,27 +40,8 @@ async fn a_broker_restart_mid_stream_loses_and_doubles_nothing() {
     let tracker = TaskTracker::new();
     antifraud::start(settings, shutdown.clone(), &tracker).await.expect("antifraude starts");
 
-    let input = topics.topic(topics::REQUESTED);
-    let producer = Producer::new(&producer_config(&topics.args, "test", Duration::ZERO)).expect("producer");
     let ids: Vec<Uuid> = (0..INPUTS).map(|_| Uuid::new_v4()).collect();
-    let feed = {
-        let ids = ids.clone();
-        tokio::spawn(async move {
-            for (n, id) in ids.iter().enumerate() {
-                let key = format!("CC-{:03}", n % 100);
-                let event = json!({
-                    "eventoId": Uuid::new_v4(), "transferenciaId": id, "contaOrigem": key,
-                    "contaDestino": "CC-999", "valorEmCentavos": 100 + n, "moeda": "BRL",
-                    "criadaEm": "2026-12-03T10:00:00Z"
-                });
-                // a send during the outage waits for the broker (delivery timeout 120 s)
-                producer.send(&OutgoingRecord::new(&input, key, event.to_string())).await.expect("feed");
-                if n % 50 == 49 {
-                    tokio::time::sleep(Duration::from_millis(150)).await;
-                }
-            }
-        })
-    };
+    let feed = testkit::feed_requests(&topics, ids.clone(), Duration::from_millis(150));
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/stack");
     let restarted = tokio::task::spawn_blocking(move || {

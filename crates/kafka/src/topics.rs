@@ -212,3 +212,14 @@ pub async fn delete(args: &KafkaArgs, names: &[&str]) -> Result<(), Error> {
     }
     Ok(())
 }
+
+/// What a service does at start: create what is missing of the whole plan (behind the
+/// configured prefix) and warn about differences instead of refusing to start, since
+/// `pagamentos topics` is where differences are an error.
+pub async fn ensure_at_start(args: &KafkaArgs, settings: &TopicArgs) -> Result<(), Error> {
+    let report = ensure(args, settings, &contracts::topics::plan(&args.topic_prefix)).await?;
+    if !report.is_consistent() {
+        tracing::warn!(report = %report, "existing topics differ from the configuration");
+    }
+    Ok(())
+}

@@ -5,10 +5,9 @@ use std::collections::HashMap;
 use std::process::Stdio;
 use std::time::Duration;
 
-use kafka::config::{consumer_config, producer_config, OffsetCommit};
-use kafka::producer::{OutgoingRecord, Producer};
+use kafka::config::{consumer_config, OffsetCommit};
 use kafka::rdkafka::message::Message;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::process::{Child, Command};
 use uuid::Uuid;
 
@@ -38,26 +37,6 @@ fn antifraude_instance(topics: &TestTopics, transactional_prefix: &str, instance
         .kill_on_drop(true)
         .spawn()
         .expect("start pagamentos antifraude")
-}
-
-/// Publishes one request per id over about 4 s (50 every 100 ms).
-fn feed(topics: &TestTopics, ids: Vec<Uuid>) -> tokio::task::JoinHandle<()> {
-    let input = topics.topic(topics::REQUESTED);
-    let producer = Producer::new(&producer_config(&topics.args, "test", Duration::ZERO)).expect("producer");
-    tokio::spawn(async move {
-        for (n, id) in ids.iter().enumerate() {
-            let key = format!("CC-{:03}", n % 100);
-            let event = json!({
-                "eventoId": Uuid::new_v4(), "transferenciaId": id, "contaOrigem": key,
-                "contaDestino": "CC-999", "valorEmCentavos": 100 + n, "moeda": "BRL",
-                "criadaEm": "2026-12-03T10:00:00Z"
-            });
-            producer.send(&OutgoingRecord::new(&input, key, event.to_string())).await.expect("feed");
-            if n % 50 == 49 {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    })
 }
 
 /// Committed outputs per transfer id, read until every input has one and 3 s more pass.
@@ -99,7 +78,7 @@ async fn sigkill_mid_stream_twice_leaves_exactly_one_output_per_input() {
     let topics = TestTopics::plan(3).await;
     let transactional_prefix = unique("tx-crash");
     let ids: Vec<Uuid> = (0..INPUTS).map(|_| Uuid::new_v4()).collect();
-    let feeding = feed(&topics, ids.clone());
+    let feeding = testkit::feed_requests(&topics, ids.clone(), Duration::from_millis(100));
     let mut service = antifraude(&topics, &transactional_prefix);
     for pause_ms in [1_200, 1_500] {
         tokio::time::sleep(Duration::from_millis(pause_ms)).await;
@@ -120,7 +99,7 @@ async fn when_one_of_two_instances_dies_the_other_takes_over_without_duplicates(
     let ids: Vec<Uuid> = (0..INPUTS).map(|_| Uuid::new_v4()).collect();
     let mut first = antifraude_instance(&topics, &transactional_prefix, "first");
     let mut second = antifraude_instance(&topics, &transactional_prefix, "second");
-    let feeding = feed(&topics, ids.clone());
+    let feeding = testkit::feed_requests(&topics, ids.clone(), Duration::from_millis(100));
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     first.kill().await.expect("SIGKILL the first instance");
     feeding.await.expect("feed");

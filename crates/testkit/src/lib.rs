@@ -7,6 +7,7 @@
 //! - [`unique`]: unique names for group ids, transactional ids, prefixes.
 //! - [`eventually`]: poll a condition with a deadline instead of sleeping.
 //! - [`receive`]: the next records of a consumer, with a deadline.
+//! - [`feed_requests`]: a stream of `TransferenciaSolicitada` for fault tests.
 //!
 //! The stack's addresses come from `KAFKA_BOOTSTRAP_SERVERS` and `PAGAMENTOS_TEST_DATABASE_URL`
 //! (defaults: the local stack). Tests fail, never skip, when the stack is down.
@@ -209,4 +210,37 @@ impl Drop for TestTopics {
             eprintln!("could not delete test topics: {error}");
         }
     }
+}
+
+/// A `TransferenciaSolicitada` payload for `transfer_id` from account `source`.
+pub fn transfer_requested(transfer_id: uuid::Uuid, source: &str, amount_cents: i64) -> serde_json::Value {
+    serde_json::json!({
+        "eventoId": uuid::Uuid::new_v4(), "transferenciaId": transfer_id, "contaOrigem": source,
+        "contaDestino": "CC-999", "valorEmCentavos": amount_cents, "moeda": "BRL",
+        "criadaEm": "2026-12-03T10:00:00Z"
+    })
+}
+
+/// Publishes one request per id to the test's `transferencias.solicitada` over 100 keys,
+/// pausing `pause` after every 50, so a stream lasts long enough for faults to land in it.
+pub fn feed_requests(
+    topics: &TestTopics,
+    ids: Vec<uuid::Uuid>,
+    pause: Duration,
+) -> tokio::task::JoinHandle<()> {
+    let input = topics.topic(contracts::topics::REQUESTED);
+    let config = kafka::config::producer_config(&topics.args, "test-feed", Duration::ZERO);
+    let producer = kafka::producer::Producer::new(&config).expect("producer");
+    tokio::spawn(async move {
+        for (n, id) in ids.iter().enumerate() {
+            let key = format!("CC-{:03}", n % 100);
+            let event = transfer_requested(*id, &key, 100 + n as i64);
+            // a send during a broker outage waits for the broker (delivery timeout 120 s)
+            let record = kafka::producer::OutgoingRecord::new(&input, key, event.to_string());
+            producer.send(&record).await.expect("feed");
+            if n % 50 == 49 {
+                tokio::time::sleep(pause).await;
+            }
+        }
+    })
 }

@@ -114,10 +114,7 @@ pub async fn start(
         .map_err(|source| Error::Connect { address, source })?;
     MIGRATOR.run(&pool).await?;
 
-    let report = kafka::topics::ensure(&kafka, &topic_args, &topics::plan(&kafka.topic_prefix)).await?;
-    if !report.is_consistent() {
-        tracing::warn!(report = %report, "existing topics differ from the configuration");
-    }
+    kafka::topics::ensure_at_start(&kafka, &topic_args).await?;
 
     let producer = Producer::new(&producer_config(&kafka, "transferencias", profile.linger()))?;
     let state = api::AppState {

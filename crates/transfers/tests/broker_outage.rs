@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use kafka::rdkafka::message::Message;
 use serde_json::Value;
 
+use tokio_util::sync::CancellationToken;
+
 use common::{payload, receive, spawn_app, transfer};
 use contracts::topics;
 
@@ -28,7 +30,24 @@ async fn transfers_accepted_during_a_broker_restart_are_all_published_in_key_ord
     let mut accepted: Vec<(String, i64)> = Vec::new();
     let started = Instant::now();
     let mut n = 0;
-    let mut saw_not_ready = false;
+    // readiness is watched beside the requests: a check against a dead broker takes its full
+    // timeout, which must not slow the stream of POSTs
+    let readiness = {
+        let (http, url) = (app.http.clone(), app.url("/readyz"));
+        let stop = CancellationToken::new();
+        let watching = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut saw_not_ready = false;
+            while !watching.is_cancelled() {
+                if let Ok(response) = http.get(&url).send().await {
+                    saw_not_ready |= response.status() == 503;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            saw_not_ready
+        });
+        (stop, task)
+    };
     while !restart.is_finished() || started.elapsed() < Duration::from_secs(3) {
         let key = keys[n % keys.len()];
         let amount = n as i64 + 1;
@@ -37,13 +56,12 @@ async fn transfers_accepted_during_a_broker_restart_are_all_published_in_key_ord
         let body: Value = response.json().await.expect("body");
         accepted.push((body["id"].as_str().expect("id").to_owned(), amount));
         n += 1;
-        let ready = app.http.get(app.url("/readyz")).send().await.expect("GET /readyz");
-        saw_not_ready |= ready.status() == 503;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(restart.await.expect("join").success(), "scripts/stack restart kafka failed");
     assert!(accepted.len() > 50, "only {} transfers sent during the restart", accepted.len());
-    assert!(saw_not_ready, "/readyz never answered 503 while Kafka was down");
+    readiness.0.cancel();
+    assert!(readiness.1.await.expect("readiness watcher"), "/readyz never answered 503 while Kafka was down");
     let ready = testkit::eventually("/readyz 200 again", Duration::from_secs(60), || async {
         let response = app.http.get(app.url("/readyz")).send().await.ok()?;
         (response.status() == 200).then_some(())

@@ -112,7 +112,7 @@ pub async fn start(
 
     let probe = Producer::new(&producer_config(&kafka, "antifraude-health", profile.linger()))?;
     let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> =
-        vec![Arc::new(kafka::health::KafkaReady::new(probe))];
+        vec![Arc::new(kafka::health::KafkaReady::new(probe, input.clone()))];
     let app = telemetry::health::router(checks, telemetry::metrics::install());
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

@@ -1,4 +1,7 @@
-//! Kafka readiness for `/readyz`: a metadata request answered within the check's time.
+//! Kafka readiness for `/readyz`: a metadata request for the topic the service depends on,
+//! answered within the check's time. One topic, not the whole cluster: a cluster-wide request
+//! grows with every topic on the broker and, right after a broker restart with many
+//! partitions, can outlast the check's timeout while the service works fine.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -8,15 +11,17 @@ use rdkafka::producer::Producer as _;
 
 use crate::producer::Producer;
 
-/// Ready when the broker answers a metadata request through `producer`'s connection.
+/// Ready when the broker answers a metadata request for `topic` through `producer`'s
+/// connection.
 #[derive(Debug, Clone)]
 pub struct KafkaReady {
     producer: Producer,
+    topic: String,
 }
 
 impl KafkaReady {
-    pub fn new(producer: Producer) -> Self {
-        Self { producer }
+    pub fn new(producer: Producer, topic: impl Into<String>) -> Self {
+        Self { producer, topic: topic.into() }
     }
 }
 
@@ -27,9 +32,10 @@ impl telemetry::health::ReadinessCheck for KafkaReady {
 
     fn check(&self) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
         let producer = self.producer.inner().clone();
+        let topic = self.topic.clone();
         Box::pin(async move {
             tokio::task::spawn_blocking(move || {
-                producer.client().fetch_metadata(None, Duration::from_millis(1500)).map(drop)
+                producer.client().fetch_metadata(Some(&topic), Duration::from_millis(1500)).map(drop)
             })
             .await
             .map_err(|error| error.to_string())?

@@ -125,7 +125,7 @@ pub async fn start(
     };
     let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> = vec![
         Arc::new(outbox::health::DatabaseReady::new(pool.clone())),
-        Arc::new(kafka::health::KafkaReady::new(producer.clone())),
+        Arc::new(kafka::health::KafkaReady::new(producer.clone(), kafka.topic(topics::REQUESTED))),
     ];
     let app = api::router(state).merge(telemetry::health::router(checks, telemetry::metrics::install()));
     let listener = tokio::net::TcpListener::bind(args.listen)

@@ -62,11 +62,18 @@ async fn transfers_accepted_during_a_broker_restart_are_all_published_in_key_ord
     assert!(accepted.len() > 50, "only {} transfers sent during the restart", accepted.len());
     readiness.0.cancel();
     assert!(readiness.1.await.expect("readiness watcher"), "/readyz never answered 503 while Kafka was down");
-    let ready = testkit::eventually("/readyz 200 again", Duration::from_secs(60), || async {
-        let response = app.http.get(app.url("/readyz")).send().await.ok()?;
-        (response.status() == 200).then_some(())
-    });
-    ready.await;
+    let mut last = String::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let response = app.http.get(app.url("/readyz")).send().await.expect("GET /readyz");
+        if response.status() == 200 {
+            break;
+        }
+        last = response.text().await.unwrap_or_default();
+        assert!(tokio::time::Instant::now() < deadline, "/readyz not 200 60 s after the restart: {last}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(last);
 
     let reader = app.reader(topics::REQUESTED);
     let expected: HashSet<String> = accepted.iter().map(|(id, _)| id.clone()).collect();

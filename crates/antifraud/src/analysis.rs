@@ -9,15 +9,14 @@
 //! their new owner processes them from the last committed offset. A fatal producer error
 //! (fenced by a newer instance with the same `transactional.id`) recreates the producer.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use kafka::consumer::{Handler, KafkaConsumer};
+use kafka::consumer::{next_offsets, Handler, KafkaConsumer};
 use kafka::dead_letter::{dead_letter, Failure};
 use kafka::producer::OutgoingRecord;
 use kafka::rdkafka::consumer::Consumer;
 use kafka::rdkafka::message::{Message, OwnedMessage};
-use kafka::rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use kafka::rdkafka::ClientConfig;
 use kafka::transactional::TransactionalProducer;
 
 use contracts::headers::{EVENT_ID, EVENT_TYPE};
@@ -162,7 +161,7 @@ impl Analyser {
             sends?;
             // read right before sending: under KIP-848 the member epoch can change silently
             let group = self.consumer.group_metadata().ok_or(AnalysisError::NoGroupMetadata)?;
-            producer.send_offsets(next_offsets(records), group).await?;
+            producer.send_offsets(next_offsets(records.iter().copied()), group).await?;
             producer.commit().await?;
             Ok::<_, AnalysisError>(())
         }
@@ -188,21 +187,6 @@ fn decode(input: &OwnedMessage) -> Result<TransferRequested, MalformedEvent> {
         return Err(MalformedEvent::Amount(event.amount_cents));
     }
     Ok(event)
-}
-
-/// Per partition, the offset after its last record in `records`.
-fn next_offsets(records: &[&OwnedMessage]) -> TopicPartitionList {
-    let mut next: BTreeMap<(&str, i32), i64> = BTreeMap::new();
-    for record in records {
-        let entry = next.entry((record.topic(), record.partition())).or_insert(0);
-        *entry = (*entry).max(record.offset() + 1);
-    }
-    let mut offsets = TopicPartitionList::with_capacity(next.len());
-    for ((topic, partition), offset) in next {
-        // only fails for an invalid offset, which offset + 1 of a real record never is
-        drop(offsets.add_partition_offset(topic, partition, Offset::Offset(offset)));
-    }
-    offsets
 }
 
 impl Handler for Analyser {

@@ -215,10 +215,11 @@ fn is_fatal(error: &KafkaError) -> bool {
     matches!(error.rdkafka_error_code(), Some(rdkafka::types::RDKafkaErrorCode::Fatal))
 }
 
-/// Stores, per partition, the offset after the batch's last record of that partition.
-fn store_offsets(consumer: &KafkaConsumer, batch: &[OwnedMessage]) {
+/// Per partition, the offset after its last record in `records`: what a consumer commits (or
+/// a transaction sends) once those records are handled.
+pub fn next_offsets<'a>(records: impl IntoIterator<Item = &'a OwnedMessage>) -> TopicPartitionList {
     let mut next: BTreeMap<(&str, i32), i64> = BTreeMap::new();
-    for record in batch {
+    for record in records {
         let entry = next.entry((record.topic(), record.partition())).or_insert(0);
         *entry = (*entry).max(record.offset() + 1);
     }
@@ -228,9 +229,14 @@ fn store_offsets(consumer: &KafkaConsumer, batch: &[OwnedMessage]) {
             tracing::warn!(%error, topic, partition, "bad offset");
         }
     }
+    offsets
+}
+
+/// Stores, per partition, the offset after the batch's last record of that partition.
+fn store_offsets(consumer: &KafkaConsumer, batch: &[OwnedMessage]) {
     // a partition revoked while the batch ran is someone else's now: its records will be
     // redelivered there, which the idempotent handlers absorb
-    if let Err(error) = consumer.store_offsets(&offsets) {
+    if let Err(error) = consumer.store_offsets(&next_offsets(batch)) {
         tracing::info!(%error, "offsets not stored (partitions revoked?)");
     }
 }

@@ -114,21 +114,11 @@ pub async fn start(
     let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> =
         vec![Arc::new(kafka::health::KafkaReady::new(probe, input.clone()))];
     let app = telemetry::health::router(checks, telemetry::metrics::install());
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .map_err(|source| Error::Bind { address: args.listen.to_string(), source })?;
-    let bound =
-        listener.local_addr().map_err(|source| Error::Bind { address: args.listen.to_string(), source })?;
-    {
-        let shutdown = shutdown.clone();
-        tracker.spawn(async move {
-            if let Err(error) =
-                axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await
-            {
-                tracing::error!(%error, "antifraude health routes stopped");
-            }
-        });
-    }
+    let (bound, serve) =
+        telemetry::server::bind("antifraude health", args.listen, app, shutdown.clone().cancelled_owned())
+            .await
+            .map_err(|source| Error::Bind { address: args.listen.to_string(), source })?;
+    tracker.spawn(serve);
     tracker.spawn(kafka::lag::report(consumer.clone(), group, shutdown.clone()));
     tracker.spawn(async move {
         if let Err(error) = kafka::consumer::run(consumer, analyser, options, shutdown).await {

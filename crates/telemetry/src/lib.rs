@@ -6,6 +6,7 @@
 //! - [`metrics`]: the process-wide Prometheus recorder and its histogram buckets (seconds).
 //! - [`health`]: `/healthz`, `/readyz` (dependency checks) and `/metrics` as an axum router.
 //! - [`context`]: the current span's `traceparent` and spans continued from one.
+//! - [`server`]: bind a router and serve it until shutdown.
 //!
 //! # Architecture invariant
 //! Knows nothing of Kafka, databases or the domain: readiness checks are supplied by the
@@ -15,3 +16,4 @@ pub mod context;
 pub mod health;
 pub mod logging;
 pub mod metrics;
+pub mod server;

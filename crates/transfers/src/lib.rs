@@ -128,21 +128,11 @@ pub async fn start(
         Arc::new(kafka::health::KafkaReady::new(producer.clone(), kafka.topic(topics::REQUESTED))),
     ];
     let app = api::router(state).merge(telemetry::health::router(checks, telemetry::metrics::install()));
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .map_err(|source| Error::Bind { address: args.listen.to_string(), source })?;
-    let bound =
-        listener.local_addr().map_err(|source| Error::Bind { address: args.listen.to_string(), source })?;
-    tracing::info!(address = %bound, "transferencias API listening");
-    {
-        let shutdown = shutdown.clone();
-        tracker.spawn(async move {
-            let served = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await;
-            if let Err(error) = served {
-                tracing::error!(%error, "transferencias API stopped");
-            }
-        });
-    }
+    let (bound, serve) =
+        telemetry::server::bind("transferencias API", args.listen, app, shutdown.clone().cancelled_owned())
+            .await
+            .map_err(|source| Error::Bind { address: args.listen.to_string(), source })?;
+    tracker.spawn(serve);
 
     let mut relay_options = match profile {
         Profile::Fast => RelayOptions::fast("transferencias"),

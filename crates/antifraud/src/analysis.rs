@@ -5,7 +5,9 @@
 //!
 //! On any error the transaction is aborted and the batch retried in place by the consumer loop
 //! (its position stays past the batch; the in-memory records are produced again with the same
-//! derived ids). Records of partitions this instance no longer owns are dropped from the retry:
+//! derived ids). Before a retry the producer is registered anew and the group's committed
+//! offsets are read, so records whose transaction did commit after all (a lost commit answer)
+//! are not produced twice. Records of partitions this instance no longer owns are dropped from the retry:
 //! their new owner processes them from the last committed offset. A fatal producer error
 //! (fenced by a newer instance with the same `transactional.id`) recreates the producer.
 
@@ -62,6 +64,9 @@ pub struct Analyser {
     consumer: Arc<KafkaConsumer>,
     producer_config: ClientConfig,
     producer: Option<TransactionalProducer>,
+    /// The last attempt failed: its transaction may still have committed (a commit whose
+    /// answer was lost), so the retry first learns what really is committed.
+    retrying: bool,
     topics: Topics,
     scorer: Scorer,
     group: String,
@@ -85,7 +90,7 @@ impl Analyser {
         scorer: Scorer,
         group: String,
     ) -> Self {
-        Self { consumer, producer_config, producer: None, topics, scorer, group }
+        Self { consumer, producer_config, producer: None, retrying: false, topics, scorer, group }
     }
 
     /// The producer, created and registered (fencing older instances) on first use or after a
@@ -180,6 +185,40 @@ impl Analyser {
     }
 }
 
+impl Analyser {
+    /// After a failed attempt: a new producer registers the `transactional.id` again, which
+    /// completes or aborts whatever the last transaction left open; only then do the group's
+    /// committed offsets tell which records of the batch are already done, and those are
+    /// dropped. Retrying them would commit their outputs a second time.
+    async fn not_yet_committed<'a>(
+        &mut self,
+        records: Vec<&'a OwnedMessage>,
+    ) -> Result<Vec<&'a OwnedMessage>, AnalysisError> {
+        self.producer = None;
+        self.producer().await?;
+        let consumer = self.consumer.clone();
+        let partitions = next_offsets(records.iter().copied());
+        let committed = tokio::task::spawn_blocking(move || {
+            consumer.committed_offsets(partitions, kafka::transactional::CALL_TIMEOUT)
+        })
+        .await
+        .map_err(kafka::Error::from)?
+        .map_err(|source| kafka::Error::Consumer { operation: "committed_offsets", source })?;
+        Ok(records
+            .into_iter()
+            .filter(|record| {
+                let done = committed.find_partition(record.topic(), record.partition()).and_then(|element| {
+                    match element.offset() {
+                        kafka::rdkafka::Offset::Offset(offset) => Some(offset),
+                        _ => None,
+                    }
+                });
+                done.is_none_or(|next| record.offset() >= next)
+            })
+            .collect())
+    }
+}
+
 fn decode(input: &OwnedMessage) -> Result<TransferRequested, MalformedEvent> {
     let event: TransferRequested =
         serde_json::from_slice(input.payload().unwrap_or_default()).map_err(MalformedEvent::Json)?;
@@ -204,11 +243,15 @@ impl Handler for Analyser {
                 })
             })
             .collect();
+        let owned = if self.retrying { self.not_yet_committed(owned).await? } else { owned };
         if owned.is_empty() {
+            self.retrying = false;
             return Ok(());
         }
         let started = std::time::Instant::now();
+        self.retrying = true;
         let committed = self.transact(&owned).await?;
+        self.retrying = false;
         metrics::histogram!("antifraude_transaction_seconds").record(started.elapsed().as_secs_f64());
         for topic in committed {
             let resultado = if topic == self.topics.analysed {

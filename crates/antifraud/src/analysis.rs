@@ -93,6 +93,14 @@ impl Analyser {
         Self { consumer, producer_config, producer: None, retrying: false, topics, scorer, group }
     }
 
+    /// Treats the next batch as a retry of a failed attempt, as after a commit whose answer was
+    /// lost (the commit may or may not have happened). Tests use it to reach that state, which
+    /// a real broker produces only by chance.
+    #[doc(hidden)]
+    pub fn assume_last_attempt_failed(&mut self) {
+        self.retrying = true;
+    }
+
     /// The producer, created and registered (fencing older instances) on first use or after a
     /// fatal error.
     async fn producer(&mut self) -> Result<TransactionalProducer, AnalysisError> {

@@ -53,8 +53,9 @@ pub struct AntifraudArgs {
     #[arg(long, env = "ANTIFRAUDE_BATCH_RECORDS", default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub batch_records: u32,
 
-    /// How long a transaction keeps collecting records after the first, in milliseconds.
-    #[arg(long, env = "ANTIFRAUDE_BATCH_WAIT_MS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=1_000))]
+    /// How long a transaction keeps collecting records after the first, in milliseconds (0:
+    /// only what was already fetched; records arriving during a commit form the next batch).
+    #[arg(long, env = "ANTIFRAUDE_BATCH_WAIT_MS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000))]
     pub batch_wait_ms: u64,
 }
 

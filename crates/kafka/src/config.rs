@@ -151,7 +151,11 @@ pub fn transactional_producer_config(
         .set("transaction.timeout.ms", TRANSACTION_TIMEOUT.as_millis().to_string())
         // librdkafka refuses a delivery timeout longer than the transaction timeout (a record
         // must be delivered or failed before its transaction can time out)
-        .set("delivery.timeout.ms", TRANSACTION_TIMEOUT.as_millis().to_string());
+        .set("delivery.timeout.ms", TRANSACTION_TIMEOUT.as_millis().to_string())
+        // after a commit the broker answers the next transaction's AddPartitionsToTxn with
+        // CONCURRENT_TRANSACTIONS until its markers are written (a few ms); the default 100 ms
+        // backoff put 10-50 ms on most transactions (docs/architecture.md)
+        .set("retry.backoff.ms", "2");
     config
 }
 

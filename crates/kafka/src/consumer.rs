@@ -266,21 +266,11 @@ fn store_position(consumer: &KafkaConsumer) {
     }
 }
 
+pub use telemetry::error_chain;
+
 /// The first header called `name` of `message`.
 pub fn header<'a>(message: &'a impl Message, name: &str) -> Option<&'a [u8]> {
     message.headers()?.iter().find(|header| header.key == name).and_then(|header| header.value)
-}
-
-/// `error` and its causes, `: `-separated.
-pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

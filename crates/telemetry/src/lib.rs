@@ -17,3 +17,15 @@ pub mod health;
 pub mod logging;
 pub mod metrics;
 pub mod server;
+
+/// An error and the chain of its causes, `outer: inner: …`, for logs.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

@@ -1,27 +1,11 @@
 //! A transfer request and its validation (`CONTRACT.md` §2): every rule is checked and every
 //! broken one reported, so a client fixes its request in one round trip.
 
-use serde::Serialize;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-/// Accounts reserved for the ledger's issuers: never a side of a transfer.
-pub const ISSUER_PREFIX: &str = "EMISSOR-";
-/// Longest account id (`VARCHAR(32)`).
-pub const ACCOUNT_ID_LENGTH_MAX: usize = 32;
-
-/// One broken rule, for problem+json's `errors`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct FieldError {
-    pub field: &'static str,
-    pub message: String,
-}
-
-impl FieldError {
-    fn new(field: &'static str, message: impl Into<String>) -> Self {
-        Self { field, message: message.into() }
-    }
-}
+pub use web::fields::{is_active_currency, validate_account_id, validate_account_syntax};
+pub use web::FieldError;
 
 /// A request that passed every rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -124,33 +108,6 @@ fn account(object: &Map<String, Value>, field: &'static str, errors: &mut Vec<Fi
         Some(_) => errors.push(FieldError::new(field, "must be a string")),
     }
     None
-}
-
-/// 1–32 characters of `[A-Za-z0-9_-]`, and not an issuer account.
-pub fn validate_account_id(id: &str) -> Result<(), String> {
-    validate_account_syntax(id)?;
-    if id.starts_with(ISSUER_PREFIX) {
-        return Err(format!("{ISSUER_PREFIX}… accounts are reserved for the ledger's issuers"));
-    }
-    Ok(())
-}
-
-/// 1–32 characters of `[A-Za-z0-9_-]`.
-pub fn validate_account_syntax(id: &str) -> Result<(), String> {
-    if id.is_empty() || id.len() > ACCOUNT_ID_LENGTH_MAX {
-        return Err(format!("must be 1 to {ACCOUNT_ID_LENGTH_MAX} characters"));
-    }
-    if !id.bytes().all(|byte| byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'-') {
-        return Err("may contain only letters, digits, '_' and '-'".into());
-    }
-    Ok(())
-}
-
-/// An active ISO 4217 code, in capitals (`BRL`; not `brl`, `real` or `XYZ`).
-pub fn is_active_currency(code: &str) -> bool {
-    code.len() == 3
-        && code.bytes().all(|byte| byte.is_ascii_uppercase())
-        && iso_currency::Currency::from_code(code).is_some()
 }
 
 /// `status` of a transfer.

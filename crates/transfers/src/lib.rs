@@ -121,7 +121,7 @@ pub async fn start(
         pool: pool.clone(),
         requested_topic: Arc::from(kafka.topic(topics::REQUESTED)),
         idempotency_ttl: Duration::from_secs(args.idempotency_key_ttl_seconds),
-        tokens: api::auth::Tokens { api: args.api_token.clone(), admin: args.admin_token.clone() },
+        tokens: web::Tokens { api: args.api_token.clone(), admin: args.admin_token.clone() },
     };
     let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> = vec![
         Arc::new(outbox::health::DatabaseReady::new(pool.clone())),

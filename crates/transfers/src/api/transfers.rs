@@ -9,12 +9,10 @@ use uuid::Uuid;
 
 use contracts::Timestamp;
 
-use super::auth::Caller;
-use super::body::JsonBody;
-use super::error::ApiError;
 use super::AppState;
 use crate::domain::{validate_account_syntax, FieldError, Status, TransferRequest};
 use crate::store::{self, Created, EventTarget, IdempotencyKey, ListFilter, Transfer};
+use web::{ApiError, Caller, JsonBody};
 
 /// `Idempotency-Key`.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";

@@ -6,7 +6,7 @@ use axum::extract::{FromRequest, Request};
 use axum::http::header;
 use serde_json::Value;
 
-use super::error::ApiError;
+use crate::problem::ApiError;
 
 /// Largest accepted body.
 pub const BODY_BYTES_MAX: usize = 16 * 1024;

@@ -1,0 +1,44 @@
+//! The HTTP edge every pagamentos API shares (`CONTRACT.md` §2): errors answered as
+//! problem+json, the JSON body extractor with its 413/415/400 answers, bearer tokens, the
+//! request-duration histogram, and the field rules both APIs apply (account ids, currencies).
+//!
+//! # Layout
+//! - [`problem`]: [`ApiError`] and [`FieldError`], answered as RFC 9457 problem+json.
+//! - [`body`]: [`JsonBody`], the size- and content-type-checked JSON extractor.
+//! - [`auth`]: [`Tokens`], the `authenticate` middleware, the [`Caller`] it leaves behind.
+//! - [`fields`]: account-id and currency rules.
+//! - `observe`: `http_server_request_duration_seconds{method,route,status}`.
+
+pub mod auth;
+pub mod body;
+pub mod fields;
+pub mod problem;
+
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request};
+use axum::middleware::Next;
+use axum::response::Response;
+
+pub use auth::{Caller, Tokens};
+pub use body::JsonBody;
+pub use problem::{ApiError, FieldError};
+
+/// Middleware: `http_server_request_duration_seconds{method, route, status}` for every request.
+pub async fn observe(request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = request.method().to_string();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
+    let response = next.run(request).await;
+    metrics::histogram!(
+        "http_server_request_duration_seconds",
+        "method" => method,
+        "route" => route,
+        "status" => response.status().as_u16().to_string(),
+    )
+    .record(started.elapsed().as_secs_f64());
+    response
+}

@@ -71,3 +71,32 @@ pub async fn insert(connection: &mut PgConnection, event: &NewEvent<'_>) -> Resu
     .await?;
     Ok(())
 }
+
+/// Writes `events` in the caller's open transaction with one statement (`UNNEST`), in order.
+pub async fn insert_many(connection: &mut PgConnection, events: &[NewEvent<'_>]) -> Result<(), Error> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    let column = |pick: fn(&NewEvent<'_>) -> Option<&str>| -> Vec<Option<String>> {
+        events.iter().map(|event| pick(event).map(str::to_owned)).collect()
+    };
+    let ids: Vec<Uuid> = events.iter().map(|event| event.id).collect();
+    // criado_em orders the relay: rows of one statement get increasing times in input order
+    sqlx::query(
+        "INSERT INTO outbox_evento (id, topico, chave, tipo, payload, traceparent, tracestate, criado_em) \
+         SELECT id, topico, chave, tipo, payload, traceparent, tracestate, \
+                clock_timestamp() + (ordem - 1) * interval '1 microsecond' \
+         FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[]) \
+              WITH ORDINALITY AS novo(id, topico, chave, tipo, payload, traceparent, tracestate, ordem)",
+    )
+    .bind(ids)
+    .bind(column(|event| Some(event.topic)))
+    .bind(column(|event| Some(event.key)))
+    .bind(column(|event| Some(event.event_type)))
+    .bind(column(|event| Some(event.payload)))
+    .bind(column(|event| event.traceparent))
+    .bind(column(|event| event.tracestate))
+    .execute(connection)
+    .await?;
+    Ok(())
+}

@@ -1,12 +1,214 @@
-//! `pagamentos ledger`: idempotent double-entry settlement (issue #6 brings the service).
+//! `pagamentos ledger`: where money moves. A transfer delivered any number of times is decided
+//! once, as a double entry; accounts never go below zero; every business rejection becomes an
+//! event; outcomes are pinned; the books can be proved balanced.
 //!
 //! # Layout
-//! - `migrations/`: the `ledger` database schema, embedded as [`MIGRATOR`]: the article's
-//!   `conta`, `lancamento`, `transferencia_processada` and `outbox_evento`, with the contract's
-//!   issuer accounts, byte-order account ids and `deposito` table.
+//! - [`settlement`]: the rules, pure: one transfer against the locked accounts → settled or
+//!   rejected with the contract's reason.
+//! - [`store`]: the `ledger` database: batched settlement (business-key idempotency, accounts
+//!   locked in id order, entries, balances, outcome events into the outbox, one transaction),
+//!   accounts, deposits, entries.
+//! - [`settler`]: the consumer of `transferencias.analisada` (group `ledger`): batches,
+//!   blocking retries of transient failures, dead letters, infrastructure loss waited out.
+//! - [`api`]: the accounts API (`/contas…`) and its OpenAPI document.
+//! - [`verify`]: the ledger's invariants 1–3 as set-based SQL.
+//! - `migrations/`: the schema, embedded as [`MIGRATOR`].
+//! - [`start`]: wires the API, the settler, the outbox relay and the gauges.
 //!
 //! # Architecture invariant
-//! Owns the `ledger` database; no other crate writes to it.
+//! Owns the `ledger` database; no other crate writes to it. Knows other services only through
+//! the contract's events.
+
+pub mod api;
+pub mod error;
+pub mod settlement;
+pub mod settler;
+pub mod store;
+pub mod verify;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::postgres::PgPoolOptions;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use contracts::topics;
+use kafka::config::{consumer_config, producer_config, OffsetCommit};
+use kafka::consumer::{Backoff, LoopOptions};
+use kafka::dead_letter::DeadLetterPublisher;
+use kafka::producer::Producer;
+use kafka::{KafkaArgs, Profile, TopicArgs};
+use outbox::relay::{Relay, RelayOptions};
+
+pub use error::{Error, StoreError};
 
 /// The `ledger` database's migrations, applied by `pagamentos migrate` and on start.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// Options of `pagamentos ledger`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LedgerArgs {
+    /// Address the accounts API (and health, metrics) listens on.
+    #[arg(long = "ledger-listen", env = "LEDGER_LISTEN", default_value = "0.0.0.0:8081")]
+    pub listen: SocketAddr,
+
+    /// PostgreSQL URL of the ledger database.
+    #[arg(
+        long = "ledger-database-url",
+        env = "LEDGER_DATABASE_URL",
+        default_value = "postgres://pagamentos:pagamentos@localhost:5432/ledger",
+        hide_env_values = true
+    )]
+    pub database_url: String,
+
+    /// Most connections in the ledger database pool.
+    #[arg(long = "ledger-database-connections", env = "LEDGER_DATABASE_CONNECTIONS", default_value_t = 16, value_parser = clap::value_parser!(u32).range(2..=200))]
+    pub database_connections: u32,
+
+    /// Most transfers settled in one database transaction (`fast` profile; `reference`
+    /// settles one per transaction).
+    #[arg(long, env = "LEDGER_BATCH_RECORDS", default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub ledger_batch_records: u32,
+
+    /// How long a batch waits for more records after its first, in milliseconds (0: what the
+    /// poll already fetched).
+    #[arg(long, env = "LEDGER_BATCH_WAIT_MS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000))]
+    pub ledger_batch_wait_ms: u64,
+
+    /// First pause before retrying a transfer that failed transiently, in milliseconds; it
+    /// doubles on every retry.
+    #[arg(long, env = "LEDGER_RETRY_INITIAL_MS", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub ledger_retry_initial_ms: u64,
+
+    /// Longest pause between retries, in milliseconds.
+    #[arg(long, env = "LEDGER_RETRY_MAX_MS", default_value_t = 15_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    pub ledger_retry_max_ms: u64,
+
+    /// Retries of a transiently failing transfer before it goes to the dead-letter topic.
+    #[arg(long, env = "LEDGER_RETRIES", default_value_t = 5, value_parser = clap::value_parser!(u32).range(0..=20))]
+    pub ledger_retries: u32,
+
+    /// How long published outbox rows are kept before they are deleted, in seconds.
+    #[arg(long = "ledger-outbox-retention-seconds", env = "OUTBOX_RETENTION_SECONDS", default_value_t = 86_400, value_parser = clap::value_parser!(u64).range(1..))]
+    pub outbox_retention_seconds: u64,
+
+    /// When set, the API requires `Authorization: Bearer <token>`.
+    #[arg(long = "ledger-api-token", env = "PAGAMENTOS_API_TOKEN", hide_env_values = true)]
+    pub api_token: Option<String>,
+
+    /// Accepted wherever the API token is; when set, creating accounts and deposits need it.
+    #[arg(long = "ledger-admin-token", env = "PAGAMENTOS_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+}
+
+impl LedgerArgs {
+    /// The blocking retry policy these options describe.
+    pub fn retry_policy(&self) -> settler::RetryPolicy {
+        settler::RetryPolicy {
+            backoff: Backoff {
+                initial: Duration::from_millis(self.ledger_retry_initial_ms),
+                multiplier: 2.0,
+                max: Duration::from_millis(self.ledger_retry_max_ms),
+            },
+            retries: self.ledger_retries,
+        }
+    }
+}
+
+/// Everything a running ledger needs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub args: LedgerArgs,
+    pub kafka: KafkaArgs,
+    pub topics: TopicArgs,
+    pub profile: Profile,
+}
+
+/// Connects, migrates, makes sure the topics exist, then spawns the accounts API, the settler,
+/// the outbox relay and the backlog gauges on `tracker`. Returns the API's bound address (port
+/// 0 picks a free one). Everything stops when `shutdown` is cancelled: the API drains its
+/// requests, the settler finishes (and commits) the batch in hand, the relay its batch.
+pub async fn start(
+    settings: Settings,
+    shutdown: CancellationToken,
+    tracker: &TaskTracker,
+) -> Result<SocketAddr, Error> {
+    let Settings { args, kafka, topics: topic_args, profile } = settings;
+    let options: sqlx::postgres::PgConnectOptions = args
+        .database_url
+        .parse()
+        .map_err(|source| Error::Connect { address: "(unparsable URL)".into(), source })?;
+    let address = format!("{}:{}", options.get_host(), options.get_port());
+    let pool = PgPoolOptions::new()
+        .max_connections(args.database_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await
+        .map_err(|source| Error::Connect { address, source })?;
+    MIGRATOR.run(&pool).await?;
+
+    kafka::topics::ensure_at_start(&kafka, &topic_args).await?;
+
+    let group = kafka.group(topics::groups::LEDGER);
+    let input = kafka.topic(topics::ANALYSED);
+    let producer = Producer::new(&producer_config(&kafka, "ledger", profile.linger()))?;
+    let state = api::AppState {
+        pool: pool.clone(),
+        tokens: web::Tokens { api: args.api_token.clone(), admin: args.admin_token.clone() },
+    };
+    let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> = vec![
+        Arc::new(outbox::health::DatabaseReady::new(pool.clone())),
+        Arc::new(kafka::health::KafkaReady::new(producer.clone(), input.clone())),
+    ];
+    let app = api::router(state).merge(telemetry::health::router(checks, telemetry::metrics::install()));
+    let (bound, serve) =
+        telemetry::server::bind("ledger API", args.listen, app, shutdown.clone().cancelled_owned())
+            .await
+            .map_err(|source| Error::Bind { address: args.listen.to_string(), source })?;
+    tracker.spawn(serve);
+
+    let mut relay_options = match profile {
+        Profile::Fast => RelayOptions::fast("ledger"),
+        Profile::Reference => RelayOptions::reference("ledger"),
+    };
+    relay_options.retention = Duration::from_secs(args.outbox_retention_seconds);
+    tracker.spawn(Relay::new(pool.clone(), producer.clone(), relay_options).run(shutdown.clone()));
+    tracker.spawn(outbox::metrics::run(pool.clone(), "ledger", shutdown.clone()));
+
+    let consumer = kafka::consumer::subscribe(
+        &consumer_config(&kafka, "ledger", &group, OffsetCommit::StoredAfterHandling),
+        &[&input],
+    )?;
+    tracker.spawn(kafka::lag::report(consumer.clone(), group.clone(), shutdown.clone()));
+    let retry = args.retry_policy();
+    tracing::info!(
+        group,
+        retries = retry.retries,
+        worst_case_retry_ms = settler::worst_case_retry_time(&retry).as_millis() as u64,
+        "ledger starting"
+    );
+    let settler = settler::Settler::new(
+        pool,
+        store::OutcomeTopics {
+            settled: kafka.topic(topics::SETTLED),
+            rejected: kafka.topic(topics::REJECTED),
+        },
+        DeadLetterPublisher::new(producer, group),
+        retry,
+    );
+    let loop_options = LoopOptions {
+        // the article settles one transfer per database transaction
+        batch_records_max: if profile == Profile::Reference { 1 } else { args.ledger_batch_records as usize },
+        batch_wait_max: Duration::from_millis(args.ledger_batch_wait_ms),
+        offsets: OffsetCommit::StoredAfterHandling,
+        ..LoopOptions::default()
+    };
+    tracker.spawn(async move {
+        if let Err(error) = kafka::consumer::run(consumer, settler, loop_options, shutdown).await {
+            tracing::error!(error = %telemetry::error_chain(&error), "ledger settler stopped");
+        }
+    });
+    Ok(bound)
+}

@@ -77,9 +77,6 @@ pub async fn insert_many(connection: &mut PgConnection, events: &[NewEvent<'_>])
     if events.is_empty() {
         return Ok(());
     }
-    let column = |pick: fn(&NewEvent<'_>) -> Option<&str>| -> Vec<Option<String>> {
-        events.iter().map(|event| pick(event).map(str::to_owned)).collect()
-    };
     let ids: Vec<Uuid> = events.iter().map(|event| event.id).collect();
     // criado_em orders the relay: rows of one statement get increasing times in input order
     sqlx::query(
@@ -90,12 +87,12 @@ pub async fn insert_many(connection: &mut PgConnection, events: &[NewEvent<'_>])
               WITH ORDINALITY AS novo(id, topico, chave, tipo, payload, traceparent, tracestate, ordem)",
     )
     .bind(ids)
-    .bind(column(|event| Some(event.topic)))
-    .bind(column(|event| Some(event.key)))
-    .bind(column(|event| Some(event.event_type)))
-    .bind(column(|event| Some(event.payload)))
-    .bind(column(|event| event.traceparent))
-    .bind(column(|event| event.tracestate))
+    .bind(events.iter().map(|event| event.topic).collect::<Vec<_>>())
+    .bind(events.iter().map(|event| event.key).collect::<Vec<_>>())
+    .bind(events.iter().map(|event| event.event_type).collect::<Vec<_>>())
+    .bind(events.iter().map(|event| event.payload).collect::<Vec<_>>())
+    .bind(events.iter().map(|event| event.traceparent).collect::<Vec<_>>())
+    .bind(events.iter().map(|event| event.tracestate).collect::<Vec<_>>())
     .execute(connection)
     .await?;
     Ok(())

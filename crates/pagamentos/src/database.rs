@@ -17,7 +17,8 @@ pub struct DatabaseArgs {
     #[arg(
         long,
         env = "TRANSFERENCIAS_DATABASE_URL",
-        default_value = "postgres://pagamentos:pagamentos@localhost:5432/transferencias"
+        default_value = "postgres://pagamentos:pagamentos@localhost:5432/transferencias",
+        hide_env_values = true
     )]
     pub transferencias_database_url: String,
 
@@ -25,7 +26,8 @@ pub struct DatabaseArgs {
     #[arg(
         long,
         env = "LEDGER_DATABASE_URL",
-        default_value = "postgres://pagamentos:pagamentos@localhost:5432/ledger"
+        default_value = "postgres://pagamentos:pagamentos@localhost:5432/ledger",
+        hide_env_values = true
     )]
     pub ledger_database_url: String,
 }

@@ -5,6 +5,7 @@
 //! - [`migrate`]: `pagamentos migrate`, both databases' embedded migrations.
 //! - [`topics`]: `pagamentos topics`, create or verify every topic.
 //! - [`services`]: the service subcommands (start, wait for the signal, drain).
+//! - [`verify`]: `pagamentos verify`, the books against the contract's invariants.
 //! - [`shutdown`]: SIGINT/SIGTERM → one cancellation token → drain with a deadline.
 //!
 //! This crate only parses arguments, wires crates together and handles signals; the work is
@@ -15,6 +16,7 @@ mod migrate;
 mod services;
 mod shutdown;
 mod topics;
+mod verify;
 
 use std::process::ExitCode;
 
@@ -40,11 +42,17 @@ enum Command {
     Transferencias(services::TransfersCommand),
     /// The antifraud service: scores transfers inside Kafka transactions (health on 8082).
     Antifraude(services::AntifraudCommand),
+    /// The ledger: settles analysed transfers as double entries, accounts API (port 8081).
+    Ledger(services::LedgerCommand),
     /// Apply the embedded database migrations (services also migrate on start).
     Migrate(migrate::MigrateArgs),
     /// Create or verify every topic idempotently; exit 1 if an existing topic differs from the
     /// configuration (partitions, replication factor, min.insync.replicas, retention).
     Topics(topics::TopicsCommand),
+    /// Check the books: the ledger's invariants 1–3 and, with `--scope all` (default), that a
+    /// transfer is LIQUIDADA in transferencias iff the ledger settled it (4). Exit 1 and a
+    /// report naming every break; 0 when clean.
+    Verify(verify::VerifyArgs),
 }
 
 /// Parses the command line and environment. A bad value that came from an environment
@@ -109,6 +117,8 @@ fn main() -> ExitCode {
             Command::Antifraude(args) => services::antifraud(args).await,
             Command::Migrate(args) => migrate::run(args).await,
             Command::Topics(args) => topics::run(args).await,
+            Command::Ledger(args) => services::ledger(args).await,
+            Command::Verify(args) => verify::run(args).await,
         }
     });
     telemetry::logging::shutdown();

@@ -41,6 +41,15 @@ pub struct AntifraudCommand {
     common: CommonArgs,
 }
 
+#[derive(Debug, clap::Args)]
+pub struct LedgerCommand {
+    #[command(flatten)]
+    ledger: ledger::LedgerArgs,
+
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
 /// Starts a service with `start`, then waits for SIGINT/SIGTERM and drains.
 async fn serve<F, E>(
     name: &str,
@@ -81,4 +90,14 @@ pub async fn antifraud(command: AntifraudCommand) -> anyhow::Result<ExitCode> {
     };
     serve("antifraude", |token, tracker| async move { antifraud::start(settings, token, &tracker).await })
         .await
+}
+
+pub async fn ledger(command: LedgerCommand) -> anyhow::Result<ExitCode> {
+    let settings = ledger::Settings {
+        args: command.ledger,
+        kafka: command.common.kafka,
+        topics: command.common.topics,
+        profile: command.common.profile,
+    };
+    serve("ledger", |token, tracker| async move { ledger::start(settings, token, &tracker).await }).await
 }

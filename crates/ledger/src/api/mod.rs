@@ -1,0 +1,351 @@
+//! The accounts API (`CONTRACT.md` §2, *ledger*): `POST /contas`, `POST /contas/{id}/depositos`,
+//! `GET /contas/{id}`, `GET /contas/{id}/lancamentos`, and the OpenAPI document.
+//!
+//! Money enters the books only here: an opening balance or a deposit is a double entry from the
+//! currency's issuer account. When `PAGAMENTOS_ADMIN_TOKEN` is set, creating accounts and
+//! deposits needs it (`403` with the API token); reads accept either token.
+
+pub mod openapi;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::middleware;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use contracts::Timestamp;
+use web::fields::{is_active_currency, validate_account_syntax, ISSUER_PREFIX};
+use web::problem::Kind;
+use web::{ApiError, Caller, FieldError, JsonBody};
+
+use crate::error::{FailureKind, StoreError};
+use crate::store::{self, AccountRow, CreateAccountError, Deposit, DepositError, DepositMade, Entry};
+
+/// `limit` of `GET /contas/{id}/lancamentos`: default and ceiling.
+pub const ENTRIES_LIMIT_DEFAULT: i64 = 50;
+pub const ENTRIES_LIMIT_MAX: i64 = 500;
+
+const ACCOUNT_EXISTS: Kind = Kind { uri: "/problems/account-exists", title: "Account exists" };
+const DEPOSIT_ID_REUSED: Kind = Kind { uri: "/problems/deposit-id-reused", title: "depositoId reused" };
+const AMOUNT_OUT_OF_RANGE: Kind = Kind { uri: "/problems/amount-out-of-range", title: "Amount out of range" };
+
+/// What every handler shares.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    pub pool: PgPool,
+    pub tokens: web::Tokens,
+}
+
+/// The API routes (health and metrics are merged in by the service, outside auth).
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/contas", post(create_account))
+        .route("/contas/{id}", get(get_account))
+        .route("/contas/{id}/depositos", post(deposit))
+        .route("/contas/{id}/lancamentos", get(list_entries))
+        .route_layer(middleware::from_fn_with_state(state.tokens.clone(), web::auth::authenticate))
+        .route("/openapi.json", get(|| async { Json(openapi::document()) }))
+        .fallback(|| async { ApiError::NotFound("no such route".into()) })
+        .with_state(state)
+        .layer(middleware::from_fn(web::observe))
+}
+
+/// A database failure: `503` (with `Retry-After`) when the database is unreachable, else `500`.
+fn internal(error: impl Into<StoreError>) -> ApiError {
+    let error = error.into();
+    if error.kind() == FailureKind::Infrastructure {
+        tracing::warn!(error = %telemetry::error_chain(&error), "ledger database unreachable");
+        return ApiError::Unavailable("the ledger database is unreachable; retry later".into());
+    }
+    ApiError::internal(error)
+}
+
+/// An account as the API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct AccountView {
+    pub id: String,
+    pub moeda: String,
+    pub saldo_centavos: i64,
+}
+
+impl From<AccountRow> for AccountView {
+    fn from(row: AccountRow) -> Self {
+        Self { id: row.id, moeda: row.currency, saldo_centavos: row.balance_cents }
+    }
+}
+
+/// A deposit as the API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct DepositView {
+    pub deposito_id: Uuid,
+    pub conta_id: String,
+    pub valor_em_centavos: i64,
+    pub criado_em: Timestamp,
+}
+
+impl From<Deposit> for DepositView {
+    fn from(deposit: Deposit) -> Self {
+        Self {
+            deposito_id: deposit.id,
+            conta_id: deposit.account,
+            valor_em_centavos: deposit.amount_cents,
+            criado_em: deposit.created_at,
+        }
+    }
+}
+
+/// An entry as the API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct EntryView {
+    pub id: i64,
+    pub transferencia_id: Uuid,
+    pub tipo: String,
+    pub valor_centavos: i64,
+    pub criado_em: Timestamp,
+}
+
+impl From<Entry> for EntryView {
+    fn from(entry: Entry) -> Self {
+        Self {
+            id: entry.id,
+            transferencia_id: entry.transfer_id,
+            tipo: entry.kind,
+            valor_centavos: entry.amount_cents,
+            criado_em: entry.created_at,
+        }
+    }
+}
+
+/// An integer number of cents in `field`: `Ok(None)` when absent.
+fn cents(
+    object: &serde_json::Map<String, Value>,
+    field: &'static str,
+    errors: &mut Vec<FieldError>,
+) -> Option<i64> {
+    match object.get(field) {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(number)) => match number.as_i64() {
+            Some(value) => Some(value),
+            None if number.is_u64() => {
+                errors.push(FieldError::new(field, "must be at most 9223372036854775807"));
+                None
+            }
+            None => {
+                errors.push(FieldError::new(field, "must be an integer number of cents"));
+                None
+            }
+        },
+        Some(_) => {
+            errors.push(FieldError::new(field, "must be an integer number of cents"));
+            None
+        }
+    }
+}
+
+fn object(body: &Value) -> Result<&serde_json::Map<String, Value>, ApiError> {
+    body.as_object()
+        .ok_or_else(|| ApiError::Validation(vec![FieldError::new("body", "must be a JSON object")]))
+}
+
+/// An account id from the path: syntax checked, issuer accounts readable.
+fn path_account(id: &str) -> Result<(), ApiError> {
+    validate_account_syntax(id).map_err(|message| ApiError::Validation(vec![FieldError::new("id", message)]))
+}
+
+/// `POST /contas` `{"id","moeda","saldoInicialCentavos"?}` → `201`.
+pub async fn create_account(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(body): JsonBody,
+) -> Result<Response, ApiError> {
+    caller.require_admin()?;
+    let object = object(&body)?;
+    let mut errors = Vec::new();
+    let id = match object.get("id") {
+        None | Some(Value::Null) => {
+            errors.push(FieldError::new("id", "is required"));
+            None
+        }
+        Some(Value::String(id)) => match validate_account_syntax(id) {
+            Ok(()) if id.starts_with(ISSUER_PREFIX) => {
+                errors.push(FieldError::new(
+                    "id",
+                    format!("{ISSUER_PREFIX}… accounts are reserved for the ledger's issuers"),
+                ));
+                None
+            }
+            Ok(()) => Some(id.clone()),
+            Err(message) => {
+                errors.push(FieldError::new("id", message));
+                None
+            }
+        },
+        Some(_) => {
+            errors.push(FieldError::new("id", "must be a string"));
+            None
+        }
+    };
+    let currency = match object.get("moeda") {
+        None | Some(Value::Null) => {
+            errors.push(FieldError::new("moeda", "is required"));
+            None
+        }
+        Some(Value::String(code)) if is_active_currency(code) => Some(code.clone()),
+        Some(Value::String(code)) => {
+            errors
+                .push(FieldError::new("moeda", format!("{code:?} is not an active ISO 4217 currency code")));
+            None
+        }
+        Some(_) => {
+            errors.push(FieldError::new("moeda", "must be a string"));
+            None
+        }
+    };
+    let opening = cents(object, "saldoInicialCentavos", &mut errors).unwrap_or(0);
+    if opening < 0 {
+        errors.push(FieldError::new("saldoInicialCentavos", "must not be negative"));
+    }
+    let (Some(id), Some(currency)) = (id, currency) else { return Err(ApiError::Validation(errors)) };
+    if !errors.is_empty() {
+        return Err(ApiError::Validation(errors));
+    }
+    match store::create_account(&state.pool, &id, &currency, opening).await {
+        Ok(account) => {
+            let location = format!("/contas/{}", account.id);
+            Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(AccountView::from(account)))
+                .into_response())
+        }
+        Err(CreateAccountError::Exists(id)) => {
+            Err(ApiError::Conflict { kind: ACCOUNT_EXISTS, detail: format!("account {id} already exists") })
+        }
+        Err(CreateAccountError::Deposit(error)) => Err(deposit_error(error)),
+        Err(CreateAccountError::Store(error)) => Err(internal(error)),
+    }
+}
+
+fn deposit_error(error: DepositError) -> ApiError {
+    match error {
+        DepositError::NoAccount(id) => ApiError::NotFound(format!("no account {id}")),
+        DepositError::IdReused { id, original } => ApiError::Unprocessable {
+            kind: DEPOSIT_ID_REUSED,
+            detail: format!(
+                "depositoId {id} was already used for {} cents into {}",
+                original.amount_cents, original.account
+            ),
+        },
+        DepositError::Overflow(account) => ApiError::Unprocessable {
+            kind: AMOUNT_OUT_OF_RANGE,
+            detail: format!("the balance of {account} would exceed the largest amount"),
+        },
+        DepositError::Store(error) => internal(error),
+    }
+}
+
+/// `POST /contas/{id}/depositos` `{"depositoId","valorEmCentavos"}` → `201`; the same deposit
+/// again → `200` with the original.
+pub async fn deposit(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(account): Path<String>,
+    JsonBody(body): JsonBody,
+) -> Result<Response, ApiError> {
+    caller.require_admin()?;
+    path_account(&account)?;
+    let object = object(&body)?;
+    let mut errors = Vec::new();
+    let deposit_id = match object.get("depositoId") {
+        None | Some(Value::Null) => {
+            errors.push(FieldError::new("depositoId", "is required"));
+            None
+        }
+        Some(Value::String(text)) => match Uuid::parse_str(text) {
+            Ok(id) => Some(id),
+            Err(_) => {
+                errors.push(FieldError::new("depositoId", "must be a UUID"));
+                None
+            }
+        },
+        Some(_) => {
+            errors.push(FieldError::new("depositoId", "must be a UUID string"));
+            None
+        }
+    };
+    let amount = cents(object, "valorEmCentavos", &mut errors);
+    match amount {
+        None if !errors.iter().any(|error| error.field == "valorEmCentavos") => {
+            errors.push(FieldError::new("valorEmCentavos", "is required"))
+        }
+        Some(amount) if amount <= 0 => {
+            errors.push(FieldError::new("valorEmCentavos", "must be greater than 0"))
+        }
+        _ => {}
+    }
+    let (Some(deposit_id), Some(amount)) = (deposit_id, amount) else {
+        return Err(ApiError::Validation(errors));
+    };
+    if !errors.is_empty() {
+        return Err(ApiError::Validation(errors));
+    }
+    match store::deposit(&state.pool, deposit_id, &account, amount).await.map_err(deposit_error)? {
+        DepositMade::New(deposit) => {
+            Ok((StatusCode::CREATED, Json(DepositView::from(deposit))).into_response())
+        }
+        DepositMade::Replayed(deposit) => {
+            Ok((StatusCode::OK, Json(DepositView::from(deposit))).into_response())
+        }
+    }
+}
+
+/// `GET /contas/{id}`.
+pub async fn get_account(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<AccountView>, ApiError> {
+    path_account(&id)?;
+    let account = store::find_account(&state.pool, &id)
+        .await
+        .map_err(internal)?
+        .ok_or_else(|| ApiError::NotFound(format!("no account {id}")))?;
+    Ok(Json(account.into()))
+}
+
+/// Query of `GET /contas/{id}/lancamentos`; text so a bad value gets our 400.
+#[derive(Debug, Deserialize)]
+pub struct EntriesQuery {
+    limit: Option<String>,
+}
+
+/// `GET /contas/{id}/lancamentos?limit=N`, newest first.
+pub async fn list_entries(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    query: Result<Query<EntriesQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Vec<EntryView>>, ApiError> {
+    path_account(&id)?;
+    let Query(query) = query.map_err(|rejection| ApiError::BadRequest(format!("bad query: {rejection}")))?;
+    let limit = match query.limit.as_deref() {
+        None => ENTRIES_LIMIT_DEFAULT,
+        Some(text) => match text.parse::<i64>() {
+            Ok(limit) if (1..=ENTRIES_LIMIT_MAX).contains(&limit) => limit,
+            _ => {
+                return Err(ApiError::Validation(vec![FieldError::new(
+                    "limit",
+                    format!("must be an integer from 1 to {ENTRIES_LIMIT_MAX}"),
+                )]))
+            }
+        },
+    };
+    if store::find_account(&state.pool, &id).await.map_err(internal)?.is_none() {
+        return Err(ApiError::NotFound(format!("no account {id}")));
+    }
+    let entries = store::entries(&state.pool, &id, limit).await.map_err(internal)?;
+    Ok(Json(entries.into_iter().map(EntryView::from).collect()))
+}

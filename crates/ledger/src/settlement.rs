@@ -1,0 +1,169 @@
+//! The settlement rules, pure: given the accounts a transfer touches (locked by the caller), is
+//! it settled, or rejected and why? The database code and the property test's model both call
+//! [`decide`], and the property test checks the database against the model.
+
+use std::collections::HashMap;
+
+use contracts::RejectionReason;
+use uuid::Uuid;
+
+/// An account as the rules see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Account {
+    pub currency: String,
+    pub balance_cents: i64,
+    /// The currency's issuer account `EMISSOR-<MOEDA>`: the only kind that may go negative,
+    /// never a side of a transfer.
+    pub issuer: bool,
+}
+
+/// A transfer to settle, from a `TransferenciaAnalisada`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transfer {
+    pub transfer_id: Uuid,
+    pub source: String,
+    pub destination: String,
+    pub amount_cents: i64,
+    pub currency: String,
+}
+
+/// What the ledger decided for a transfer; pinned once stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Settled,
+    Rejected(RejectionReason),
+}
+
+impl Outcome {
+    /// `transferencia_processada.resultado`.
+    pub fn result(&self) -> &'static str {
+        match self {
+            Self::Settled => "LIQUIDADA",
+            Self::Rejected(_) => "REJEITADA",
+        }
+    }
+
+    /// `transferencia_processada.motivo`.
+    pub fn reason(&self) -> Option<&'static str> {
+        match self {
+            Self::Settled => None,
+            Self::Rejected(reason) => Some(reason.as_str()),
+        }
+    }
+}
+
+/// A balance would leave the `i64` range: the transfer cannot be applied (and cannot occur
+/// while the books balance, since Σ balances per currency is 0).
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("settling transfer {transfer_id} would overflow the balance of account {account}")]
+pub struct Overflow {
+    pub transfer_id: Uuid,
+    pub account: String,
+}
+
+/// Decides `transfer` against `accounts` and, when it settles, moves the money in `accounts`.
+///
+/// In this order: an account missing (or an issuer account on either side) →
+/// `CONTA_INEXISTENTE`; an account in another currency → `MOEDA_INCOMPATIVEL`; the source
+/// balance below the amount → `SALDO_INSUFICIENTE`; otherwise settled.
+pub fn decide(transfer: &Transfer, accounts: &mut HashMap<String, Account>) -> Result<Outcome, Overflow> {
+    let customer = |id: &str| accounts.get(id).filter(|account| !account.issuer);
+    let (Some(source), Some(destination)) = (customer(&transfer.source), customer(&transfer.destination))
+    else {
+        return Ok(Outcome::Rejected(RejectionReason::AccountNotFound));
+    };
+    if source.currency != transfer.currency || destination.currency != transfer.currency {
+        return Ok(Outcome::Rejected(RejectionReason::CurrencyMismatch));
+    }
+    if source.balance_cents < transfer.amount_cents {
+        return Ok(Outcome::Rejected(RejectionReason::InsufficientFunds));
+    }
+    let overflow =
+        |account: &str| Overflow { transfer_id: transfer.transfer_id, account: account.to_owned() };
+    let debited =
+        source.balance_cents.checked_sub(transfer.amount_cents).ok_or_else(|| overflow(&transfer.source))?;
+    let credited = destination
+        .balance_cents
+        .checked_add(transfer.amount_cents)
+        .ok_or_else(|| overflow(&transfer.destination))?;
+    if let Some(source) = accounts.get_mut(&transfer.source) {
+        source.balance_cents = debited;
+    }
+    if let Some(destination) = accounts.get_mut(&transfer.destination) {
+        destination.balance_cents = credited;
+    }
+    Ok(Outcome::Settled)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn accounts() -> HashMap<String, Account> {
+        let account = |currency: &str, balance_cents, issuer| Account {
+            currency: currency.into(),
+            balance_cents,
+            issuer,
+        };
+        HashMap::from([
+            ("A".to_owned(), account("BRL", 1_000, false)),
+            ("B".to_owned(), account("BRL", 0, false)),
+            ("U".to_owned(), account("USD", 500, false)),
+            ("EMISSOR-BRL".to_owned(), account("BRL", -1_000, true)),
+            ("MAX".to_owned(), account("BRL", i64::MAX, false)),
+        ])
+    }
+
+    fn transfer(source: &str, destination: &str, amount_cents: i64) -> Transfer {
+        Transfer {
+            transfer_id: Uuid::nil(),
+            source: source.into(),
+            destination: destination.into(),
+            amount_cents,
+            currency: "BRL".into(),
+        }
+    }
+
+    #[test]
+    fn a_covered_transfer_moves_the_money() {
+        let mut accounts = accounts();
+        assert_eq!(decide(&transfer("A", "B", 1_000), &mut accounts), Ok(Outcome::Settled));
+        assert_eq!(accounts["A"].balance_cents, 0);
+        assert_eq!(accounts["B"].balance_cents, 1_000);
+    }
+
+    #[test]
+    fn each_rejection_moves_nothing() {
+        let cases = [
+            (transfer("A", "NOPE", 1), RejectionReason::AccountNotFound),
+            (transfer("NOPE", "A", 1), RejectionReason::AccountNotFound),
+            (transfer("EMISSOR-BRL", "A", 1), RejectionReason::AccountNotFound),
+            (transfer("A", "EMISSOR-BRL", 1), RejectionReason::AccountNotFound),
+            (transfer("A", "U", 1), RejectionReason::CurrencyMismatch),
+            (Transfer { currency: "USD".into(), ..transfer("A", "B", 1) }, RejectionReason::CurrencyMismatch),
+            (transfer("A", "B", 1_001), RejectionReason::InsufficientFunds),
+        ];
+        for (transfer, reason) in cases {
+            let mut accounts = accounts();
+            let before = accounts.clone();
+            assert_eq!(decide(&transfer, &mut accounts), Ok(Outcome::Rejected(reason)), "{transfer:?}");
+            assert_eq!(accounts, before);
+        }
+    }
+
+    #[test]
+    fn an_overflowing_credit_is_an_error_not_a_wrap() {
+        let mut accounts = accounts();
+        let error = decide(&transfer("A", "MAX", 1), &mut accounts).expect_err("overflow");
+        assert_eq!(error.account, "MAX");
+        assert_eq!(accounts["A"].balance_cents, 1_000, "nothing moved");
+    }
+
+    #[test]
+    fn outcome_columns() {
+        assert_eq!(Outcome::Settled.result(), "LIQUIDADA");
+        assert_eq!(Outcome::Settled.reason(), None);
+        let rejected = Outcome::Rejected(RejectionReason::InsufficientFunds);
+        assert_eq!((rejected.result(), rejected.reason()), ("REJEITADA", Some("SALDO_INSUFICIENTE")));
+    }
+}

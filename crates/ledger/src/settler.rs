@@ -1,0 +1,238 @@
+//! The settlement consumer (group `ledger`, topic `transferencias.analisada`).
+//!
+//! A batch is settled in one database transaction ([`store::settle`]); its offsets are stored
+//! only after the commit (the consumer loop does that when the handler returns `Ok`), so a crash
+//! between the two redelivers records whose business keys are already claimed: nothing moves
+//! twice. Failures are told apart ([`FailureKind`]):
+//! - a record that is not a valid `TransferenciaAnalisada` goes to `<topic>-dlt` at once;
+//! - a transient failure of the batch (serialization failure, deadlock, lock timeout, a
+//!   concurrent decision) makes the handler settle the batch again one record per transaction,
+//!   in order; each record is retried with blocking exponential backoff (500 ms × 2 up to 15 s,
+//!   5 retries, as the article), then dead-lettered, and the next record goes on. Records are
+//!   handled in order, so retries never reorder an account's transfers;
+//! - a permanent failure of one record (e.g. a balance overflow) dead-letters it at once;
+//! - PostgreSQL unreachable is nobody's fault: the handler returns the error, the consumer
+//!   loop waits and retries the whole batch (already settled records are no-ops), readiness
+//!   reports the database down, and nothing is dead-lettered.
+//!
+//! Dead letters are published after the database work they follow has committed.
+
+use std::time::{Duration, Instant};
+
+use kafka::consumer::{Backoff, Handler};
+use kafka::dead_letter::{DeadLetterPublisher, Failure};
+use kafka::rdkafka::message::{Message, OwnedMessage};
+use sqlx::PgPool;
+
+use contracts::TransferAnalysed;
+
+use crate::error::{FailureKind, StoreError};
+use crate::settlement::{Outcome, Transfer};
+use crate::store::{self, OutcomeTopics, Request};
+
+/// `kafka_dlt-exception-fqcn` of a record that is not a valid `TransferenciaAnalisada`.
+pub const MALFORMED_EVENT: &str = "ledger::error::MalformedEvent";
+/// `kafka_dlt-exception-fqcn` of a record whose retries ran out.
+pub const RETRIES_EXHAUSTED: &str = "ledger::error::RetriesExhausted";
+/// `kafka_dlt-exception-fqcn` of a record that can never be applied.
+pub const UNPROCESSABLE: &str = "ledger::error::Unprocessable";
+
+/// A record that is not a valid `TransferenciaAnalisada`.
+#[derive(Debug, thiserror::Error)]
+pub enum MalformedEvent {
+    #[error("not a valid TransferenciaAnalisada: {0}")]
+    Json(#[source] serde_json::Error),
+    #[error("not a valid TransferenciaAnalisada: valorEmCentavos must be greater than 0, got {0}")]
+    Amount(i64),
+    #[error("not a valid TransferenciaAnalisada: contaOrigem and contaDestino are both {0:?}")]
+    SameAccount(String),
+}
+
+/// Blocking retries of a record that failed transiently.
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    pub backoff: Backoff,
+    /// Retries after the first attempt before the record is dead-lettered.
+    pub retries: u32,
+}
+
+impl Default for RetryPolicy {
+    /// The reference article's error handler: 500 ms, doubling, at most 15 s, 5 retries.
+    fn default() -> Self {
+        Self { backoff: Backoff::default(), retries: 5 }
+    }
+}
+
+/// The ledger's batch handler.
+#[derive(Debug)]
+pub struct Settler {
+    pool: PgPool,
+    topics: OutcomeTopics,
+    dead_letters: DeadLetterPublisher,
+    retry: RetryPolicy,
+}
+
+/// A record the batch could not settle, and why.
+type Failed<'a> = (&'a OwnedMessage, Failure);
+
+impl Settler {
+    pub fn new(
+        pool: PgPool,
+        topics: OutcomeTopics,
+        dead_letters: DeadLetterPublisher,
+        retry: RetryPolicy,
+    ) -> Self {
+        Self { pool, topics, dead_letters, retry }
+    }
+
+    /// Settles `requests` one record per transaction, retrying transient failures; returns the
+    /// records to dead-letter. Errs only when the database is unreachable.
+    async fn settle_one_by_one<'a>(
+        &self,
+        requests: &[(&'a OwnedMessage, Request)],
+    ) -> Result<Vec<Failed<'a>>, StoreError> {
+        let mut failed = Vec::new();
+        for (record, request) in requests {
+            let mut attempt = 0;
+            loop {
+                match self.settle(std::slice::from_ref(request)).await {
+                    Ok(()) => break,
+                    Err(error) => match error.kind() {
+                        FailureKind::Infrastructure => return Err(error),
+                        FailureKind::Permanent => {
+                            failed.push((
+                                *record,
+                                Failure::new(UNPROCESSABLE, Some(cause_name(&error)), &error),
+                            ));
+                            break;
+                        }
+                        FailureKind::Transient if attempt >= self.retry.retries => {
+                            tracing::warn!(transfer_id = %request.transfer.transfer_id, attempts = attempt + 1, error = %telemetry::error_chain(&error), "retries exhausted");
+                            failed.push((
+                                *record,
+                                Failure::new(RETRIES_EXHAUSTED, Some(cause_name(&error)), &error),
+                            ));
+                            break;
+                        }
+                        FailureKind::Transient => {
+                            attempt += 1;
+                            let delay = self.retry.backoff.delay(attempt);
+                            metrics::counter!("retries_total", "topic" => record.topic().to_owned())
+                                .increment(1);
+                            tracing::info!(transfer_id = %request.transfer.transfer_id, attempt, retry_in_ms = delay.as_millis() as u64, error = %telemetry::error_chain(&error), "transient failure; retrying the record");
+                            tokio::time::sleep(delay).await;
+                        }
+                    },
+                }
+            }
+        }
+        Ok(failed)
+    }
+
+    /// One settlement transaction, with its metrics.
+    async fn settle(&self, requests: &[Request]) -> Result<(), StoreError> {
+        let started = Instant::now();
+        let settlement = store::settle(&self.pool, requests, &self.topics).await?;
+        metrics::histogram!("ledger_liquidacao_seconds").record(started.elapsed().as_secs_f64());
+        for (transfer_id, outcome) in &settlement.decided {
+            let motivo = outcome.reason().unwrap_or("");
+            metrics::counter!("ledger_resultados_total", "resultado" => outcome.result(), "motivo" => motivo)
+                .increment(1);
+            match outcome {
+                Outcome::Settled => tracing::debug!(%transfer_id, "settled"),
+                Outcome::Rejected(reason) => {
+                    tracing::info!(%transfer_id, motivo = reason.as_str(), "rejected")
+                }
+            }
+        }
+        for transfer_id in &settlement.already_decided {
+            metrics::counter!("ledger_ja_decididas_total").increment(1);
+            tracing::debug!(%transfer_id, "already decided; outcome pinned, nothing done");
+        }
+        Ok(())
+    }
+}
+
+/// The type name of an error's immediate cause, for `kafka_dlt-exception-cause-fqcn`.
+fn cause_name(error: &StoreError) -> &'static str {
+    match error {
+        StoreError::Unavailable(_) | StoreError::Database(_) | StoreError::Outbox(_) => "sqlx::Error",
+        StoreError::Encode(_) => "serde_json::Error",
+        StoreError::DecidedConcurrently(_) => "ledger::error::StoreError",
+        StoreError::Overflow(_) => "ledger::settlement::Overflow",
+    }
+}
+
+/// The transfer in `record`, or why it is not one.
+pub fn decode(record: &OwnedMessage) -> Result<Request, MalformedEvent> {
+    let event: TransferAnalysed =
+        serde_json::from_slice(record.payload().unwrap_or_default()).map_err(MalformedEvent::Json)?;
+    if event.amount_cents <= 0 {
+        return Err(MalformedEvent::Amount(event.amount_cents));
+    }
+    if event.source_account == event.destination_account {
+        return Err(MalformedEvent::SameAccount(event.source_account));
+    }
+    let span = tracing::info_span!("settle", transfer_id = %event.transfer_id);
+    kafka::trace::continue_from(&span, record);
+    let mut trace = telemetry::context::inject(&span);
+    Ok(Request {
+        transfer: Transfer {
+            transfer_id: event.transfer_id,
+            source: event.source_account,
+            destination: event.destination_account,
+            amount_cents: event.amount_cents,
+            currency: event.currency,
+        },
+        traceparent: trace.remove("traceparent"),
+        tracestate: trace.remove("tracestate"),
+    })
+}
+
+/// Why a batch must be retried as a whole.
+#[derive(Debug, thiserror::Error)]
+pub enum SettleError {
+    #[error("the ledger database is unavailable")]
+    Database(#[from] StoreError),
+    #[error("dead letter not published")]
+    DeadLetter(#[from] kafka::Error),
+}
+
+impl Handler for Settler {
+    type Error = SettleError;
+
+    async fn handle(&mut self, batch: &[OwnedMessage]) -> Result<(), SettleError> {
+        let mut requests = Vec::with_capacity(batch.len());
+        let mut failed: Vec<Failed<'_>> = Vec::new();
+        for record in batch {
+            match decode(record) {
+                Ok(request) => requests.push((record, request)),
+                Err(error) => {
+                    failed.push((record, Failure::new(MALFORMED_EVENT, Some("serde_json::Error"), &error)))
+                }
+            }
+        }
+        if !requests.is_empty() {
+            let all: Vec<Request> = requests.iter().map(|(_, request)| request.clone()).collect();
+            match self.settle(&all).await {
+                Ok(()) => {}
+                Err(error) if error.kind() == FailureKind::Infrastructure => return Err(error.into()),
+                Err(error) => {
+                    tracing::info!(records = all.len(), error = %telemetry::error_chain(&error), "batch failed; settling its records one by one");
+                    failed.extend(self.settle_one_by_one(&requests).await?);
+                }
+            }
+        }
+        // in batch order, after the database work they follow has committed
+        failed.sort_by_key(|(record, _)| (record.partition(), record.offset()));
+        for (record, failure) in &failed {
+            self.dead_letters.publish(record, failure).await?;
+        }
+        Ok(())
+    }
+}
+
+/// How long the handler's blocking retries of one record may take at most, for logs and docs.
+pub fn worst_case_retry_time(policy: &RetryPolicy) -> Duration {
+    (1..=policy.retries).map(|attempt| policy.backoff.delay(attempt)).sum()
+}

@@ -1,0 +1,286 @@
+//! `spawn_ledger()`: the real ledger service on port 0 with a database and topics of its own,
+//! and the helpers its tests share.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kafka::config::{consumer_config, producer_config, OffsetCommit};
+use kafka::consumer::KafkaConsumer;
+use kafka::producer::{OutgoingRecord, Producer};
+use kafka::rdkafka::message::{Headers, Message, OwnedMessage};
+use serde_json::{json, Value};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use uuid::Uuid;
+
+use contracts::topics;
+pub use testkit::receive;
+use testkit::{unique, TestDatabase, TestTopics};
+
+/// One running ledger service.
+pub struct Instance {
+    pub address: SocketAddr,
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+impl Instance {
+    /// Stops the service and waits for it to drain.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.tracker.close();
+        tokio::time::timeout(Duration::from_secs(30), self.tracker.wait())
+            .await
+            .expect("ledger drains in 30 s");
+    }
+}
+
+/// A ledger database and topics of the test's own, and the ledger instances running on them.
+pub struct TestLedger {
+    pub database: TestDatabase,
+    pub topics: TestTopics,
+    pub http: reqwest::Client,
+    pub instances: Vec<Instance>,
+    producer: Producer,
+    args: ledger::LedgerArgs,
+    partitions: i32,
+}
+
+/// Options for tests: port 0, small pool, short retries (10 ms doubling, 3 retries).
+pub fn test_args(database: &TestDatabase) -> ledger::LedgerArgs {
+    ledger::LedgerArgs {
+        listen: "127.0.0.1:0".parse().expect("address"),
+        database_url: database.url.clone(),
+        database_connections: 6,
+        ledger_batch_records: 500,
+        ledger_batch_wait_ms: 0,
+        ledger_retry_initial_ms: 10,
+        ledger_retry_max_ms: 100,
+        ledger_retries: 3,
+        outbox_retention_seconds: 86_400,
+        api_token: None,
+        admin_token: None,
+    }
+}
+
+pub async fn spawn_ledger() -> TestLedger {
+    spawn_ledger_with(1, |_| {}).await
+}
+
+/// A ledger on `partitions`-partition topics, configured by `configure`.
+pub async fn spawn_ledger_with(
+    partitions: i32,
+    configure: impl FnOnce(&mut ledger::LedgerArgs),
+) -> TestLedger {
+    testkit::init_logs();
+    let database = TestDatabase::create(&ledger::MIGRATOR).await;
+    let topics = TestTopics::plan(partitions).await;
+    let mut args = test_args(&database);
+    configure(&mut args);
+    let producer = Producer::new(&producer_config(&topics.args, "test", Duration::ZERO)).expect("producer");
+    let mut ledger = TestLedger {
+        database,
+        topics,
+        http: reqwest::Client::new(),
+        instances: Vec::new(),
+        producer,
+        args,
+        partitions,
+    };
+    ledger.start_instance().await;
+    ledger
+}
+
+impl TestLedger {
+    /// Starts one more instance in the same group on the same database.
+    pub async fn start_instance(&mut self) -> &Instance {
+        let settings = ledger::Settings {
+            args: self.args.clone(),
+            kafka: self.topics.args.clone(),
+            topics: kafka::TopicArgs { partitions: self.partitions, replicas: 1 },
+            profile: kafka::Profile::Fast,
+        };
+        let shutdown = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let address = ledger::start(settings, shutdown.clone(), &tracker).await.expect("ledger starts");
+        self.instances.push(Instance { address, shutdown, tracker });
+        self.instances.last().expect("instance")
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.database.pool
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.instances[0].address)
+    }
+
+    /// `POST /contas`; panics unless `201`.
+    pub async fn create_account(&self, id: &str, currency: &str, opening_cents: i64) {
+        let response = self
+            .http
+            .post(self.url("/contas"))
+            .json(&json!({"id": id, "moeda": currency, "saldoInicialCentavos": opening_cents}))
+            .send()
+            .await
+            .expect("POST /contas");
+        assert_eq!(response.status(), 201, "{}", response.text().await.unwrap_or_default());
+    }
+
+    /// `POST /contas/{id}/depositos` with a new `depositoId`; panics unless `201`.
+    pub async fn deposit(&self, account: &str, cents: i64) {
+        let response = self
+            .http
+            .post(self.url(&format!("/contas/{account}/depositos")))
+            .json(&json!({"depositoId": Uuid::new_v4(), "valorEmCentavos": cents}))
+            .send()
+            .await
+            .expect("POST depositos");
+        assert_eq!(response.status(), 201, "{}", response.text().await.unwrap_or_default());
+    }
+
+    /// The account's balance from the database.
+    pub async fn balance(&self, account: &str) -> i64 {
+        sqlx::query_scalar("SELECT saldo_centavos FROM conta WHERE id = $1")
+            .bind(account)
+            .fetch_one(self.pool())
+            .await
+            .expect("balance")
+    }
+
+    /// Every account's balance.
+    pub async fn balances(&self) -> HashMap<String, i64> {
+        sqlx::query_as::<_, (String, i64)>("SELECT id, saldo_centavos FROM conta")
+            .fetch_all(self.pool())
+            .await
+            .expect("balances")
+            .into_iter()
+            .collect()
+    }
+
+    /// Publishes `payload` to the test's `transferencias.analisada` with key `key`.
+    pub async fn publish(&self, key: &str, payload: impl Into<Vec<u8>>) {
+        let record = OutgoingRecord::new(self.topics.topic(topics::ANALYSED), key, payload);
+        self.producer.send(&record).await.expect("publish");
+    }
+
+    /// Publishes a `TransferenciaAnalisada` for `transfer_id` with a fresh `eventoId`.
+    pub async fn publish_transfer(
+        &self,
+        transfer_id: Uuid,
+        source: &str,
+        destination: &str,
+        cents: i64,
+        currency: &str,
+    ) {
+        let event = analysed(transfer_id, source, destination, cents, currency);
+        self.publish(source, event.to_string()).await;
+    }
+
+    /// The stored outcome of a transfer once decided: (`resultado`, `motivo`).
+    pub async fn decided(&self, transfer_id: Uuid) -> (String, Option<String>) {
+        testkit::eventually(&format!("transfer {transfer_id} decided"), Duration::from_secs(60), || async {
+            ledger::store::outcome(self.pool(), transfer_id).await.expect("outcome")
+        })
+        .await
+    }
+
+    /// Waits until the outbox has published every row.
+    pub async fn outbox_drained(&self) {
+        testkit::eventually("the ledger's outbox published", Duration::from_secs(60), || async {
+            let pending: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM outbox_evento WHERE publicado_em IS NULL")
+                    .fetch_one(self.pool())
+                    .await
+                    .expect("pending");
+            (pending == 0).then_some(())
+        })
+        .await
+    }
+
+    /// A `read_committed` reader of one of the test's topics, from the beginning.
+    pub fn reader(&self, contract_topic: &str) -> Arc<KafkaConsumer> {
+        self.reader_of(&self.topics.topic(contract_topic))
+    }
+
+    pub fn reader_of(&self, topic: &str) -> Arc<KafkaConsumer> {
+        kafka::consumer::subscribe(
+            &consumer_config(
+                &self.topics.args,
+                "test-reader",
+                &unique("reader"),
+                OffsetCommit::StoredAfterHandling,
+            ),
+            &[topic],
+        )
+        .expect("reader")
+    }
+
+    /// `/metrics` of the first instance.
+    pub async fn metrics(&self) -> String {
+        self.http.get(self.url("/metrics")).send().await.expect("GET /metrics").text().await.expect("metrics")
+    }
+
+    /// The ledger's invariants 1–3: the names of the broken checks.
+    pub async fn broken_invariants(&self) -> Vec<String> {
+        ledger::verify::ledger_invariants(self.pool())
+            .await
+            .expect("verify")
+            .into_iter()
+            .filter(|result| !result.is_clean())
+            .map(|result| format!("{}: {:?}", result.check, result.breaks))
+            .collect()
+    }
+
+    pub async fn stop(mut self) {
+        for instance in std::mem::take(&mut self.instances) {
+            instance.stop().await;
+        }
+    }
+}
+
+/// A `TransferenciaAnalisada` payload with a fresh `eventoId`.
+pub fn analysed(transfer_id: Uuid, source: &str, destination: &str, cents: i64, currency: &str) -> Value {
+    json!({
+        "eventoId": Uuid::new_v4(), "transferenciaId": transfer_id, "contaOrigem": source,
+        "contaDestino": destination, "valorEmCentavos": cents, "moeda": currency, "score": 10,
+        "analisadaEm": "2026-12-03T10:00:00Z"
+    })
+}
+
+/// Whether another record arrives within `wait`.
+pub async fn nothing_more(consumer: &KafkaConsumer, wait: Duration) -> bool {
+    tokio::time::timeout(wait, consumer.recv()).await.is_err()
+}
+
+pub fn header(record: &OwnedMessage, name: &str) -> Option<String> {
+    let headers = record.headers()?;
+    let found = headers.iter().find(|header| header.key == name)?;
+    found.value.map(|value| String::from_utf8_lossy(value).into_owned())
+}
+
+pub fn payload(record: &OwnedMessage) -> Value {
+    serde_json::from_slice(record.payload().expect("payload")).expect("JSON payload")
+}
+
+/// (`D` entries, `C` entries) of a transfer.
+pub async fn entry_counts(pool: &PgPool, transfer_id: Uuid) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE tipo = 'D'), count(*) FILTER (WHERE tipo = 'C') FROM lancamento WHERE transferencia_id = $1",
+    )
+    .bind(transfer_id)
+    .fetch_one(pool)
+    .await
+    .expect("entries")
+}

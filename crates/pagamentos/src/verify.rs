@@ -1,0 +1,217 @@
+//! `pagamentos verify [--scope ledger|all]`: the books against the contract's invariants
+//! (`CONTRACT.md` §4). The ledger's own invariants (1–3) are set-based queries in
+//! [`ledger::verify`]; invariant 4 merges the two databases' settled ids, both read in id
+//! order, so memory stays flat however many transfers there are.
+
+use std::cmp::Ordering;
+use std::fmt::Write as _;
+use std::process::ExitCode;
+
+use futures::{Stream, TryStreamExt};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use ledger::verify::{Break, CheckResult, LISTED};
+
+use crate::database::{self, DatabaseArgs};
+
+/// What to check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scope {
+    /// Invariants 1–3, the ledger database alone.
+    Ledger,
+    /// Also invariant 4: transfers LIQUIDADA in transferencias iff settled in the ledger.
+    All,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct VerifyArgs {
+    /// `ledger`: invariants 1–3; `all`: also 4, which reads the transfers database (run it
+    /// once the pipeline is drained: a transfer in flight is reported).
+    #[arg(long, value_enum, default_value_t = Scope::All)]
+    scope: Scope,
+
+    #[command(flatten)]
+    databases: DatabaseArgs,
+}
+
+pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
+    let ledger_pool = database::connect(&args.databases.ledger_database_url, 2).await?;
+    let mut results = ledger::verify::ledger_invariants(&ledger_pool).await?;
+    if args.scope == Scope::All {
+        let transfers_pool = database::connect(&args.databases.transferencias_database_url, 2).await?;
+        results.push(settled_in_both(&transfers_pool, &ledger_pool).await?);
+    }
+    print!("{}", report(&results));
+    Ok(if results.iter().all(CheckResult::is_clean) { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// Invariant 4: a transfer is `LIQUIDADA` in `transferencias` iff the ledger settled it.
+pub async fn settled_in_both(transfers: &PgPool, ledger_pool: &PgPool) -> anyhow::Result<CheckResult> {
+    let in_transfers =
+        sqlx::query_scalar::<_, Uuid>("SELECT id FROM transferencia WHERE status = 'LIQUIDADA' ORDER BY id")
+            .fetch(transfers);
+    let in_ledger = ledger::verify::settled_transfer_ids(ledger_pool);
+    let (total, only_transfers, only_ledger) = merge_differences(in_transfers, in_ledger).await?;
+
+    let mut breaks = Vec::new();
+    for id in only_transfers {
+        let outcome = ledger::store::outcome(ledger_pool, id).await?;
+        let ledger_says = match outcome {
+            None => "not decided".to_owned(),
+            Some((result, reason)) => {
+                format!("{result}{}", reason.map(|r| format!(" ({r})")).unwrap_or_default())
+            }
+        };
+        breaks.push(Break {
+            invariant: 4,
+            check: CHECK,
+            subject: id.to_string(),
+            detail: format!("LIQUIDADA in transferencias, ledger: {ledger_says}"),
+        });
+    }
+    for id in only_ledger {
+        let status: Option<String> = sqlx::query_scalar("SELECT status FROM transferencia WHERE id = $1")
+            .bind(id)
+            .fetch_optional(transfers)
+            .await?;
+        let detail = match status {
+            None => "settled by the ledger, unknown to transferencias".to_owned(),
+            Some(status) => format!("settled by the ledger, {status} in transferencias"),
+        };
+        breaks.push(Break { invariant: 4, check: CHECK, subject: id.to_string(), detail });
+    }
+    breaks.sort_by(|a, b| a.subject.cmp(&b.subject));
+    breaks.truncate(LISTED as usize);
+    Ok(CheckResult { invariant: 4, check: CHECK, rule: RULE, total, breaks })
+}
+
+const CHECK: &str = "settled-in-both";
+const RULE: &str = "a transfer is LIQUIDADA in transferencias iff the ledger settled it";
+
+/// Walks two id-ordered streams together: how many ids are in one only, and the first
+/// [`LISTED`] of each side.
+async fn merge_differences<E>(
+    left: impl Stream<Item = Result<Uuid, E>>,
+    right: impl Stream<Item = Result<Uuid, E>>,
+) -> Result<(i64, Vec<Uuid>, Vec<Uuid>), E> {
+    let mut left = std::pin::pin!(left);
+    let mut right = std::pin::pin!(right);
+    let (mut total, mut only_left, mut only_right) = (0i64, Vec::new(), Vec::new());
+    let mut note = |list: &mut Vec<Uuid>, id: Uuid| {
+        total += 1;
+        if list.len() < LISTED as usize {
+            list.push(id);
+        }
+    };
+    let (mut a, mut b) = (left.try_next().await?, right.try_next().await?);
+    loop {
+        match (a, b) {
+            (None, None) => break,
+            (Some(x), None) => {
+                note(&mut only_left, x);
+                a = left.try_next().await?;
+            }
+            (None, Some(y)) => {
+                note(&mut only_right, y);
+                b = right.try_next().await?;
+            }
+            (Some(x), Some(y)) => match x.cmp(&y) {
+                Ordering::Equal => {
+                    a = left.try_next().await?;
+                    b = right.try_next().await?;
+                }
+                Ordering::Less => {
+                    note(&mut only_left, x);
+                    a = left.try_next().await?;
+                }
+                Ordering::Greater => {
+                    note(&mut only_right, y);
+                    b = right.try_next().await?;
+                }
+            },
+        }
+    }
+    Ok((total, only_left, only_right))
+}
+
+/// The report: one line per check, the listed breaks under a broken one, a summary last.
+pub fn report(results: &[CheckResult]) -> String {
+    let mut out = String::new();
+    for result in results {
+        let verdict = if result.is_clean() { "ok   " } else { "BROKEN" };
+        let _ = writeln!(out, "{verdict} invariant {} {}: {}", result.invariant, result.check, result.rule);
+        for item in &result.breaks {
+            let _ = writeln!(out, "         {}: {}", item.subject, item.detail);
+        }
+        let unlisted = result.total - result.breaks.len() as i64;
+        if unlisted > 0 {
+            let _ = writeln!(out, "         … and {unlisted} more");
+        }
+    }
+    let broken: Vec<&CheckResult> = results.iter().filter(|result| !result.is_clean()).collect();
+    if broken.is_empty() {
+        let _ = writeln!(out, "verify: clean ({} checks)", results.len());
+    } else {
+        let breaks: i64 = broken.iter().map(|result| result.total).sum();
+        let _ = writeln!(out, "verify: {breaks} breaks in {} of {} checks", broken.len(), results.len());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(values: &[u128]) -> Vec<Uuid> {
+        values.iter().map(|value| Uuid::from_u128(*value)).collect()
+    }
+
+    async fn merged(left: &[u128], right: &[u128]) -> (i64, Vec<Uuid>, Vec<Uuid>) {
+        let stream = |values: Vec<Uuid>| {
+            futures::stream::iter(values.into_iter().map(Ok::<_, std::convert::Infallible>))
+        };
+        merge_differences(stream(ids(left)), stream(ids(right))).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn merge_finds_what_one_side_lacks() {
+        assert_eq!(merged(&[1, 2, 3], &[1, 2, 3]).await, (0, vec![], vec![]));
+        assert_eq!(merged(&[1, 3, 5], &[2, 3, 6]).await, (4, ids(&[1, 5]), ids(&[2, 6])));
+        assert_eq!(merged(&[], &[7]).await, (1, vec![], ids(&[7])));
+        assert_eq!(merged(&[7, 8], &[]).await, (2, ids(&[7, 8]), vec![]));
+    }
+
+    #[tokio::test]
+    async fn merge_counts_past_the_listed_ones() {
+        let many: Vec<u128> = (0..100).collect();
+        let (total, left, right) = merged(&many, &[]).await;
+        assert_eq!((total, left.len(), right.len()), (100, LISTED as usize, 0));
+    }
+
+    #[test]
+    fn report_names_breaks_and_counts_the_rest() {
+        let results = vec![
+            CheckResult { invariant: 1, check: "a", rule: "rule a", total: 0, breaks: vec![] },
+            CheckResult {
+                invariant: 2,
+                check: "b",
+                rule: "rule b",
+                total: 3,
+                breaks: vec![Break {
+                    invariant: 2,
+                    check: "b",
+                    subject: "conta-1".into(),
+                    detail: "off by 1".into(),
+                }],
+            },
+        ];
+        let text = report(&results);
+        assert!(text.contains("ok    invariant 1 a: rule a"), "{text}");
+        assert!(text.contains("BROKEN invariant 2 b: rule b"), "{text}");
+        assert!(text.contains("conta-1: off by 1"), "{text}");
+        assert!(text.contains("… and 2 more"), "{text}");
+        assert!(text.ends_with("verify: 3 breaks in 1 of 2 checks\n"), "{text}");
+        assert!(report(&results[..1]).ends_with("verify: clean (1 checks)\n"));
+    }
+}

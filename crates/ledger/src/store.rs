@@ -481,19 +481,22 @@ async fn move_from_issuer(
 }
 
 /// Account `id` (issuer accounts included), if it exists.
-pub async fn find_account(pool: &PgPool, id: &str) -> Result<Option<AccountRow>, sqlx::Error> {
+pub async fn find_account(pool: &PgPool, id: &str) -> Result<Option<AccountRow>, StoreError> {
+    let mut connection = pool.acquire().await.map_err(StoreError::Unavailable)?;
     let row = sqlx::query("SELECT id, moeda, saldo_centavos FROM conta WHERE id = $1")
         .bind(id)
-        .fetch_optional(pool)
+        .fetch_optional(&mut *connection)
         .await?;
-    row.map(|row| {
-        Ok(AccountRow {
-            id: row.try_get("id")?,
-            currency: row.try_get::<String, _>("moeda")?,
-            balance_cents: row.try_get("saldo_centavos")?,
+    let account = row
+        .map(|row| {
+            Ok::<_, sqlx::Error>(AccountRow {
+                id: row.try_get("id")?,
+                currency: row.try_get::<String, _>("moeda")?,
+                balance_cents: row.try_get("saldo_centavos")?,
+            })
         })
-    })
-    .transpose()
+        .transpose()?;
+    Ok(account)
 }
 
 /// One `lancamento` row.
@@ -507,16 +510,18 @@ pub struct Entry {
 }
 
 /// The newest `limit` entries of `account`, newest first.
-pub async fn entries(pool: &PgPool, account: &str, limit: i64) -> Result<Vec<Entry>, sqlx::Error> {
+pub async fn entries(pool: &PgPool, account: &str, limit: i64) -> Result<Vec<Entry>, StoreError> {
+    let mut connection = pool.acquire().await.map_err(StoreError::Unavailable)?;
     let rows = sqlx::query(
         "SELECT id, transferencia_id, tipo, valor_centavos, criado_em FROM lancamento \
          WHERE conta_id = $1 ORDER BY id DESC LIMIT $2",
     )
     .bind(account)
     .bind(limit)
-    .fetch_all(pool)
+    .fetch_all(&mut *connection)
     .await?;
-    rows.into_iter()
+    let entries = rows
+        .into_iter()
         .map(|row| {
             Ok(Entry {
                 id: row.try_get("id")?,
@@ -526,18 +531,20 @@ pub async fn entries(pool: &PgPool, account: &str, limit: i64) -> Result<Vec<Ent
                 created_at: row.try_get::<OffsetDateTime, _>("criado_em")?.into(),
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    Ok(entries)
 }
 
 /// The stored outcome of `transfer_id`, if decided: (`resultado`, `motivo`).
 pub async fn outcome(
     pool: &PgPool,
     transfer_id: Uuid,
-) -> Result<Option<(String, Option<String>)>, sqlx::Error> {
+) -> Result<Option<(String, Option<String>)>, StoreError> {
+    let mut connection = pool.acquire().await.map_err(StoreError::Unavailable)?;
     let row =
-        sqlx::query("SELECT resultado, motivo FROM transferencia_processada WHERE transferencia_id = $1")
+        sqlx::query_as("SELECT resultado, motivo FROM transferencia_processada WHERE transferencia_id = $1")
             .bind(transfer_id)
-            .fetch_optional(pool)
+            .fetch_optional(&mut *connection)
             .await?;
-    row.map(|row| Ok((row.try_get("resultado")?, row.try_get("motivo")?))).transpose()
+    Ok(row)
 }

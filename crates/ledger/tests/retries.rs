@@ -1,0 +1,243 @@
+//! Failure handling against the real stack: a transient failure retried then settled once, a
+//! record whose retries run out dead-lettered while the rest goes on, a record that can never
+//! be applied dead-lettered at once, and the database going away (never the record's fault).
+//!
+//! Transient failures are injected with a trigger on `transferencia_processada` that raises
+//! SQLSTATE 40001 (serialization failure) for one transfer while a sequence, which a rollback
+//! does not undo, is below a threshold.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+use sqlx::{Connection, Executor, PgConnection};
+use uuid::Uuid;
+
+use common::{entry_counts, header, nothing_more, receive, spawn_ledger, TestLedger};
+use contracts::headers::dlt;
+use contracts::topics;
+
+/// Makes the claim of `transfer_id` fail with a serialization failure `failures` times.
+async fn fail_transiently(ledger: &TestLedger, transfer_id: Uuid, failures: i64) {
+    inject_failure(ledger, transfer_id, failures, "40001", "injected serialization failure").await;
+}
+
+/// Makes the claim of `transfer_id` fail with SQLSTATE `code` `failures` times.
+async fn inject_failure(ledger: &TestLedger, transfer_id: Uuid, failures: i64, code: &str, message: &str) {
+    let sql = format!(
+        "CREATE SEQUENCE falhas_injetadas;
+         CREATE FUNCTION falhar() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.transferencia_id = '{transfer_id}' THEN
+                 IF nextval('falhas_injetadas') <= {failures} THEN
+                     RAISE EXCEPTION '{message}' USING ERRCODE = '{code}';
+                 END IF;
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER falhar BEFORE INSERT ON transferencia_processada
+             FOR EACH ROW EXECUTE FUNCTION falhar();"
+    );
+    ledger.pool().execute(sql.as_str()).await.expect("install the failing trigger");
+}
+
+async fn failures_so_far(ledger: &TestLedger) -> i64 {
+    sqlx::query_scalar("SELECT last_value FROM falhas_injetadas")
+        .fetch_one(ledger.pool())
+        .await
+        .expect("sequence")
+}
+
+#[tokio::test]
+async fn a_transfer_failing_transiently_three_times_is_settled_once() {
+    let ledger = spawn_ledger().await;
+    ledger.create_account("CC-A", "BRL", 1_000).await;
+    ledger.create_account("CC-B", "BRL", 0).await;
+    let dead_letters = ledger.reader(&topics::dead_letter_topic(topics::ANALYSED));
+    let flaky = Uuid::new_v4();
+    fail_transiently(&ledger, flaky, 3).await;
+
+    let neighbour = Uuid::new_v4();
+    ledger.publish_transfer(flaky, "CC-A", "CC-B", 300, "BRL").await;
+    ledger.publish_transfer(neighbour, "CC-A", "CC-B", 200, "BRL").await;
+
+    assert_eq!(ledger.decided(flaky).await, ("LIQUIDADA".into(), None));
+    assert_eq!(ledger.decided(neighbour).await, ("LIQUIDADA".into(), None));
+    assert_eq!(failures_so_far(&ledger).await, 4, "three failures, then the attempt that passed");
+    assert_eq!(entry_counts(ledger.pool(), flaky).await, (1, 1));
+    assert_eq!((ledger.balance("CC-A").await, ledger.balance("CC-B").await), (500, 500));
+    assert!(nothing_more(&dead_letters, Duration::from_secs(1)).await);
+    let retries = format!("retries_total{{topic=\"{}\"}}", ledger.topics.topic(topics::ANALYSED));
+    let metrics = ledger.metrics().await;
+    assert!(metrics.lines().any(|line| line.starts_with(&retries) && !line.ends_with(" 0")), "{metrics}");
+    assert!(ledger.broken_invariants().await.is_empty(), "{:?}", ledger.broken_invariants().await);
+    ledger.stop().await;
+}
+
+#[tokio::test]
+async fn a_transfer_whose_retries_run_out_is_dead_lettered_and_the_rest_goes_on() {
+    let ledger = spawn_ledger().await; // 3 retries in tests
+    ledger.create_account("CC-A", "BRL", 1_000).await;
+    ledger.create_account("CC-B", "BRL", 0).await;
+    let dead_letters = ledger.reader(&topics::dead_letter_topic(topics::ANALYSED));
+    let hopeless = Uuid::new_v4();
+    fail_transiently(&ledger, hopeless, i64::MAX).await;
+
+    let before = Uuid::new_v4();
+    let after = Uuid::new_v4();
+    ledger.publish_transfer(before, "CC-A", "CC-B", 100, "BRL").await;
+    ledger.publish_transfer(hopeless, "CC-A", "CC-B", 300, "BRL").await;
+    ledger.publish_transfer(after, "CC-A", "CC-B", 200, "BRL").await;
+
+    let letter = receive(&dead_letters, 1).await.remove(0);
+    let body: Value = common::payload(&letter);
+    assert_eq!(body["transferenciaId"], hopeless.to_string());
+    assert_eq!(header(&letter, dlt::EXCEPTION_FQCN).as_deref(), Some(ledger::settler::RETRIES_EXHAUSTED));
+    assert!(header(&letter, dlt::EXCEPTION_MESSAGE)
+        .expect("message")
+        .contains("injected serialization failure"));
+    assert_eq!(ledger.decided(before).await.0, "LIQUIDADA");
+    assert_eq!(ledger.decided(after).await.0, "LIQUIDADA");
+    assert_eq!(ledger::store::outcome(ledger.pool(), hopeless).await.expect("outcome"), None);
+    assert_eq!(entry_counts(ledger.pool(), hopeless).await, (0, 0));
+    // the batch attempt, then one attempt and three retries on its own
+    assert_eq!(failures_so_far(&ledger).await, 5);
+    assert_eq!((ledger.balance("CC-A").await, ledger.balance("CC-B").await), (700, 300));
+    assert!(nothing_more(&dead_letters, Duration::from_secs(1)).await);
+    ledger.stop().await;
+}
+
+#[tokio::test]
+async fn a_transfer_that_can_never_be_applied_is_dead_lettered_at_once() {
+    let ledger = spawn_ledger().await;
+    ledger.create_account("CC-A", "BRL", 1_000).await;
+    ledger.create_account("CC-B", "BRL", 0).await;
+    let dead_letters = ledger.reader(&topics::dead_letter_topic(topics::ANALYSED));
+    // a constraint the record breaks (check_violation): not something a retry can change
+    let doomed = Uuid::new_v4();
+    inject_failure(&ledger, doomed, i64::MAX, "23514", "injected check violation").await;
+    let fine = Uuid::new_v4();
+    ledger.publish_transfer(doomed, "CC-A", "CC-B", 100, "BRL").await;
+    ledger.publish_transfer(fine, "CC-A", "CC-B", 10, "BRL").await;
+
+    let letter = receive(&dead_letters, 1).await.remove(0);
+    assert_eq!(common::payload(&letter)["transferenciaId"], doomed.to_string());
+    assert_eq!(header(&letter, dlt::EXCEPTION_FQCN).as_deref(), Some(ledger::settler::UNPROCESSABLE));
+    assert_eq!(ledger.decided(fine).await.0, "LIQUIDADA");
+    assert_eq!((ledger.balance("CC-A").await, ledger.balance("CC-B").await), (990, 10));
+    // the batch attempt and one attempt on its own: no retry
+    assert_eq!(failures_so_far(&ledger).await, 2);
+    let retries = format!("retries_total{{topic=\"{}\"}}", ledger.topics.topic(topics::ANALYSED));
+    assert!(!ledger.metrics().await.contains(&retries), "a permanent failure was retried");
+    ledger.stop().await;
+}
+
+/// Closes the test's database to new connections and ends the open ones: to the ledger, the
+/// database is gone.
+async fn take_database_away(ledger: &TestLedger) {
+    let mut admin = PgConnection::connect(&testkit::admin_database_url()).await.expect("admin connection");
+    let name = &ledger.database.name;
+    admin
+        .execute(format!(r#"ALTER DATABASE "{name}" ALLOW_CONNECTIONS false"#).as_str())
+        .await
+        .expect("close");
+    sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1")
+        .bind(name)
+        .execute(&mut admin)
+        .await
+        .expect("terminate");
+}
+
+async fn bring_database_back(ledger: &TestLedger) {
+    let mut admin = PgConnection::connect(&testkit::admin_database_url()).await.expect("admin connection");
+    let name = &ledger.database.name;
+    admin.execute(format!(r#"ALTER DATABASE "{name}" ALLOW_CONNECTIONS true"#).as_str()).await.expect("open");
+}
+
+async fn readiness(ledger: &TestLedger) -> u16 {
+    ledger.http.get(ledger.url("/readyz")).send().await.expect("GET /readyz").status().as_u16()
+}
+
+#[tokio::test]
+async fn while_the_database_is_gone_the_ledger_waits_and_dead_letters_nothing() {
+    let ledger = spawn_ledger().await;
+    ledger.create_account("CC-A", "BRL", 100_000).await;
+    ledger.create_account("CC-B", "BRL", 0).await;
+    let dead_letters = ledger.reader(&topics::dead_letter_topic(topics::ANALYSED));
+    let ids: Vec<Uuid> = (0..30).map(|_| Uuid::new_v4()).collect();
+
+    take_database_away(&ledger).await;
+    for id in &ids {
+        ledger.publish_transfer(*id, "CC-A", "CC-B", 100, "BRL").await;
+    }
+    testkit::eventually("readiness to fail", Duration::from_secs(30), || async {
+        (readiness(&ledger).await == 503).then_some(())
+    })
+    .await;
+    // longer than the test retry policy's whole budget (10 + 20 + 40 ms): the records must
+    // still be waiting, not dead-lettered
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let response = ledger.http.get(ledger.url("/contas/CC-A")).send().await.expect("GET");
+    assert_eq!(response.status(), 503, "the API says the database is unreachable");
+
+    bring_database_back(&ledger).await;
+    for id in &ids {
+        assert_eq!(ledger.decided(*id).await.0, "LIQUIDADA");
+    }
+    testkit::eventually("readiness to return", Duration::from_secs(30), || async {
+        (readiness(&ledger).await == 200).then_some(())
+    })
+    .await;
+    assert_eq!((ledger.balance("CC-A").await, ledger.balance("CC-B").await), (97_000, 3_000));
+    assert!(nothing_more(&dead_letters, Duration::from_secs(1)).await, "a healthy record was dead-lettered");
+    assert!(ledger.broken_invariants().await.is_empty(), "{:?}", ledger.broken_invariants().await);
+    ledger.stop().await;
+}
+
+fn stack(args: &[&str]) {
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/stack");
+    let status = Command::new(&script).args(args).status().expect("run scripts/stack");
+    assert!(status.success(), "scripts/stack {args:?} failed");
+}
+
+#[tokio::test]
+#[ignore = "restarts the shared PostgreSQL: scripts/test runs it alone"]
+async fn a_postgres_restart_mid_stream_loses_nothing_and_dead_letters_nothing() {
+    let ledger = spawn_ledger().await;
+    ledger.create_account("CC-A", "BRL", 1_000_000).await;
+    ledger.create_account("CC-B", "BRL", 0).await;
+    let dead_letters = ledger.reader(&topics::dead_letter_topic(topics::ANALYSED));
+    let ids: Vec<Uuid> = (0..400).map(|_| Uuid::new_v4()).collect();
+    let feeding = {
+        let ids = ids.clone();
+        let topic = ledger.topics.topic(topics::ANALYSED);
+        let producer = kafka::producer::Producer::new(&kafka::config::producer_config(
+            &ledger.topics.args,
+            "test-feed",
+            Duration::ZERO,
+        ))
+        .expect("producer");
+        tokio::spawn(async move {
+            for (n, id) in ids.iter().enumerate() {
+                let event = common::analysed(*id, "CC-A", "CC-B", 100, "BRL");
+                let record = kafka::producer::OutgoingRecord::new(&topic, "CC-A", event.to_string());
+                producer.send(&record).await.expect("feed");
+                if n % 20 == 19 {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stack(&["restart", "postgres"]);
+    feeding.await.expect("feed");
+    for id in &ids {
+        assert_eq!(ledger.decided(*id).await.0, "LIQUIDADA");
+    }
+    assert_eq!(ledger.balance("CC-B").await, 40_000);
+    assert!(nothing_more(&dead_letters, Duration::from_secs(1)).await, "a healthy record was dead-lettered");
+    assert!(ledger.broken_invariants().await.is_empty(), "{:?}", ledger.broken_invariants().await);
+    ledger.stop().await;
+}

@@ -82,8 +82,10 @@ pub fn decide(transfer: &Transfer, accounts: &mut HashMap<String, Account>) -> R
         |account: &str| Overflow { transfer_id: transfer.transfer_id, account: account.to_owned() };
     let debited =
         source.balance_cents.checked_sub(transfer.amount_cents).ok_or_else(|| overflow(&transfer.source))?;
-    let credited = destination
-        .balance_cents
+    // the same account on both sides (the settler refuses such records; the rule stays sound)
+    let destination_before =
+        if transfer.source == transfer.destination { debited } else { destination.balance_cents };
+    let credited = destination_before
         .checked_add(transfer.amount_cents)
         .ok_or_else(|| overflow(&transfer.destination))?;
     if let Some(source) = accounts.get_mut(&transfer.source) {
@@ -122,6 +124,13 @@ mod tests {
             amount_cents,
             currency: "BRL".into(),
         }
+    }
+
+    #[test]
+    fn a_transfer_to_the_same_account_leaves_its_balance_as_it_was() {
+        let mut accounts = accounts();
+        assert_eq!(decide(&transfer("A", "A", 400), &mut accounts), Ok(Outcome::Settled));
+        assert_eq!(accounts["A"].balance_cents, 1_000);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! `spawn_ledger()`: the real ledger service on port 0 with a database and topics of its own,
 //! and the helpers its tests share.
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

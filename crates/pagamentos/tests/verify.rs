@@ -1,0 +1,153 @@
+//! `pagamentos verify`, the binary: exit 0 on clean books, 1 naming what broke (invariant 4
+//! in both directions, `--scope ledger` leaving it out), a clear error when a database is
+//! unreachable.
+
+use std::process::Output;
+
+use uuid::Uuid;
+
+use ledger::settlement::Transfer;
+use ledger::store::{self, OutcomeTopics, Request};
+use testkit::TestDatabase;
+
+struct Books {
+    ledger: TestDatabase,
+    transfers: TestDatabase,
+}
+
+/// Transfers database with one settled and one rejected transfer; the ledger agreeing.
+async fn books() -> (Books, Uuid) {
+    testkit::init_logs();
+    let books = Books {
+        ledger: TestDatabase::create(&ledger::MIGRATOR).await,
+        transfers: TestDatabase::create(&transfers::MIGRATOR).await,
+    };
+    store::create_account(&books.ledger.pool, "A", "BRL", 1_000).await.expect("account");
+    store::create_account(&books.ledger.pool, "B", "BRL", 0).await.expect("account");
+    let (settled, rejected) = (Uuid::new_v4(), Uuid::new_v4());
+    books.settle(&[(settled, 300), (rejected, 5_000)]).await;
+    books.transfer(settled, "LIQUIDADA").await;
+    books.transfer(rejected, "REJEITADA").await;
+    (books, settled)
+}
+
+impl Books {
+    async fn settle(&self, transfers: &[(Uuid, i64)]) {
+        let requests: Vec<Request> = transfers
+            .iter()
+            .map(|(transfer_id, amount_cents)| Request {
+                transfer: Transfer {
+                    transfer_id: *transfer_id,
+                    source: "A".into(),
+                    destination: "B".into(),
+                    amount_cents: *amount_cents,
+                    currency: "BRL".into(),
+                },
+                traceparent: None,
+                tracestate: None,
+            })
+            .collect();
+        let topics = OutcomeTopics { settled: "liquidada".into(), rejected: "rejeitada".into() };
+        store::settle(&self.ledger.pool, &requests, &topics).await.expect("settle");
+    }
+
+    async fn transfer(&self, id: Uuid, status: &str) {
+        sqlx::query(
+            "INSERT INTO transferencia (id, conta_origem, conta_destino, valor_centavos, moeda, status) \
+             VALUES ($1, 'A', 'B', 300, 'BRL', $2)",
+        )
+        .bind(id)
+        .bind(status)
+        .execute(&self.transfers.pool)
+        .await
+        .expect("transfer");
+    }
+
+    async fn verify(&self, args: &[&str]) -> Output {
+        verify_with(&self.ledger.url, &self.transfers.url, args).await
+    }
+}
+
+async fn verify_with(ledger_url: &str, transfers_url: &str, args: &[&str]) -> Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_pagamentos"))
+        .arg("verify")
+        .args(args)
+        .env("LEDGER_DATABASE_URL", ledger_url)
+        .env("TRANSFERENCIAS_DATABASE_URL", transfers_url)
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .expect("run pagamentos verify")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn clean_books_exit_0() {
+    let (books, _) = books().await;
+    let output = books.verify(&[]).await;
+    let report = stdout(&output);
+    assert_eq!(output.status.code(), Some(0), "{report}");
+    assert_eq!(report.lines().last(), Some("verify: clean (10 checks)"), "{report}");
+    assert!(!report.contains("BROKEN"));
+}
+
+#[tokio::test]
+async fn a_transfer_settled_on_one_side_only_is_named_either_way() {
+    let (books, _) = books().await;
+    // LIQUIDADA in transferencias, never settled by the ledger
+    let only_transfers = Uuid::new_v4();
+    books.transfer(only_transfers, "LIQUIDADA").await;
+    let output = books.verify(&[]).await;
+    let report = stdout(&output);
+    assert_eq!(output.status.code(), Some(1), "{report}");
+    assert!(report.contains("BROKEN invariant 4 settled-in-both"), "{report}");
+    assert!(report.contains(&only_transfers.to_string()), "{report}");
+    assert_eq!(report.lines().last(), Some("verify: 1 breaks in 1 of 10 checks"), "{report}");
+
+    // --scope ledger leaves invariant 4 (and the transfers database) out
+    let output =
+        verify_with(&books.ledger.url, "postgres://nobody@127.0.0.1:1/none", &["--scope", "ledger"]).await;
+    let report = stdout(&output);
+    assert_eq!(output.status.code(), Some(0), "{report}");
+    assert_eq!(report.lines().last(), Some("verify: clean (9 checks)"), "{report}");
+
+    // settled by the ledger, still PENDENTE in transferencias
+    let (books, _) = self::books().await;
+    let only_ledger = Uuid::new_v4();
+    books.settle(&[(only_ledger, 10)]).await;
+    books.transfer(only_ledger, "PENDENTE").await;
+    let output = books.verify(&[]).await;
+    let report = stdout(&output);
+    assert_eq!(output.status.code(), Some(1), "{report}");
+    assert!(report.contains(&only_ledger.to_string()), "{report}");
+    assert!(report.contains("settled by the ledger, PENDENTE in transferencias"), "{report}");
+}
+
+#[tokio::test]
+async fn a_broken_balance_exits_1_naming_invariant_2() {
+    let (books, _) = books().await;
+    sqlx::query("UPDATE conta SET saldo_centavos = saldo_centavos + 7 WHERE id = 'B'")
+        .execute(&books.ledger.pool)
+        .await
+        .expect("update");
+    let output = books.verify(&["--scope", "ledger"]).await;
+    let report = stdout(&output);
+    assert_eq!(output.status.code(), Some(1), "{report}");
+    assert!(report.contains("BROKEN invariant 2 balance-equals-entries"), "{report}");
+    assert!(report.contains("BROKEN invariant 3 currency-sums-to-zero"), "{report}");
+}
+
+#[tokio::test]
+async fn an_unreachable_database_is_a_clear_error() {
+    let output =
+        verify_with("postgres://pagamentos:secret@127.0.0.1:1/ledger", "postgres://x@127.0.0.1:1/t", &[])
+            .await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("127.0.0.1:1"), "names the address: {stderr}");
+    assert!(!stderr.contains("secret"), "never the password: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

@@ -398,7 +398,7 @@ pub async fn deposit(
             if error.is_unique_violation() =>
         {
             drop(transaction);
-            let mut connection = pool.acquire().await?;
+            let mut connection = pool.acquire().await.map_err(StoreError::Unavailable)?;
             let original = find_deposit(&mut connection, deposit_id)
                 .await?
                 .ok_or(DepositError::NoAccount(account.to_owned()))?;

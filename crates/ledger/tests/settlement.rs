@@ -257,3 +257,33 @@ async fn two_hundred_crossing_transfers_on_two_instances_conserve_money() {
     assert!(ledger.broken_invariants().await.is_empty(), "{:?}", ledger.broken_invariants().await);
     ledger.stop().await;
 }
+
+#[tokio::test]
+async fn metrics_show_settlement_latency_outcomes_outbox_and_lag() {
+    let ledger = spawn_ledger().await;
+    ledger.create_account("CC-1", "BRL", 1_000).await;
+    ledger.create_account("CC-2", "BRL", 0).await;
+    let (settled, short) = (Uuid::new_v4(), Uuid::new_v4());
+    ledger.publish_transfer(settled, "CC-1", "CC-2", 100, "BRL").await;
+    ledger.publish_transfer(short, "CC-1", "CC-2", 5_000, "BRL").await;
+    ledger.decided(settled).await;
+    ledger.decided(short).await;
+    ledger.outbox_drained().await;
+    let group_lag = format!("kafka_consumer_lag{{group=\"{}\"", ledger.topics.args.group("ledger"));
+    // the lag is refreshed every 5 s
+    let metrics = testkit::eventually("lag reported", Duration::from_secs(20), || async {
+        let metrics = ledger.metrics().await;
+        metrics.lines().any(|line| line.starts_with(&group_lag)).then_some(metrics)
+    })
+    .await;
+    for expected in [
+        "ledger_liquidacao_seconds_bucket",
+        "ledger_resultados_total{resultado=\"LIQUIDADA\",motivo=\"\"}",
+        "ledger_resultados_total{resultado=\"REJEITADA\",motivo=\"SALDO_INSUFICIENTE\"}",
+        "outbox_pendentes{database=\"ledger\"}",
+        "outbox_oldest_pending_seconds{database=\"ledger\"}",
+    ] {
+        assert!(metrics.contains(expected), "{expected} missing from /metrics:\n{metrics}");
+    }
+    ledger.stop().await;
+}

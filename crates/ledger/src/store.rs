@@ -43,6 +43,17 @@ pub struct Settlement {
     pub already_decided: Vec<Uuid>,
 }
 
+/// A transaction; failing to get one (whatever PostgreSQL answered: refused, shutting down,
+/// unknown database) means the database is unavailable, never that a record is at fault.
+async fn begin(pool: &PgPool) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
+    pool.begin().await.map_err(StoreError::Unavailable)
+}
+
+/// A connection, with the same rule as [`begin`].
+async fn connection(pool: &PgPool) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, StoreError> {
+    pool.acquire().await.map_err(StoreError::Unavailable)
+}
+
 /// Locks `ids` (those that exist) in byte order and reads them.
 async fn lock_accounts(
     connection: &mut PgConnection,
@@ -78,7 +89,7 @@ pub async fn settle(
     requests: &[Request],
     topics: &OutcomeTopics,
 ) -> Result<Settlement, StoreError> {
-    let mut transaction = pool.begin().await.map_err(StoreError::Unavailable)?;
+    let mut transaction = begin(pool).await?;
     let mut account_ids: Vec<String> = requests
         .iter()
         .flat_map(|request| [request.transfer.source.clone(), request.transfer.destination.clone()])
@@ -312,7 +323,7 @@ pub async fn create_account(
     currency: &str,
     opening_cents: i64,
 ) -> Result<AccountRow, CreateAccountError> {
-    let mut transaction = pool.begin().await.map_err(StoreError::Unavailable)?;
+    let mut transaction = begin(pool).await?;
     let created = sqlx::query(
         "INSERT INTO conta (id, saldo_centavos, moeda) VALUES ($1, 0, $2) ON CONFLICT (id) DO NOTHING",
     )
@@ -373,7 +384,7 @@ pub async fn deposit(
     account: &str,
     amount_cents: i64,
 ) -> Result<DepositMade, DepositError> {
-    let mut transaction = pool.begin().await.map_err(StoreError::Unavailable)?;
+    let mut transaction = begin(pool).await?;
     let currency: Option<String> =
         sqlx::query_scalar("SELECT moeda FROM conta WHERE id = $1 AND NOT emissor")
             .bind(account)
@@ -398,7 +409,7 @@ pub async fn deposit(
             if error.is_unique_violation() =>
         {
             drop(transaction);
-            let mut connection = pool.acquire().await.map_err(StoreError::Unavailable)?;
+            let mut connection = connection(pool).await?;
             let original = find_deposit(&mut connection, deposit_id)
                 .await?
                 .ok_or(DepositError::NoAccount(account.to_owned()))?;
@@ -482,7 +493,7 @@ async fn move_from_issuer(
 
 /// Account `id` (issuer accounts included), if it exists.
 pub async fn find_account(pool: &PgPool, id: &str) -> Result<Option<AccountRow>, StoreError> {
-    let mut connection = pool.acquire().await.map_err(StoreError::Unavailable)?;
+    let mut connection = connection(pool).await?;
     let row = sqlx::query("SELECT id, moeda, saldo_centavos FROM conta WHERE id = $1")
         .bind(id)
         .fetch_optional(&mut *connection)
@@ -511,7 +522,7 @@ pub struct Entry {
 
 /// The newest `limit` entries of `account`, newest first.
 pub async fn entries(pool: &PgPool, account: &str, limit: i64) -> Result<Vec<Entry>, StoreError> {
-    let mut connection = pool.acquire().await.map_err(StoreError::Unavailable)?;
+    let mut connection = connection(pool).await?;
     let rows = sqlx::query(
         "SELECT id, transferencia_id, tipo, valor_centavos, criado_em FROM lancamento \
          WHERE conta_id = $1 ORDER BY id DESC LIMIT $2",
@@ -540,7 +551,7 @@ pub async fn outcome(
     pool: &PgPool,
     transfer_id: Uuid,
 ) -> Result<Option<(String, Option<String>)>, StoreError> {
-    let mut connection = pool.acquire().await.map_err(StoreError::Unavailable)?;
+    let mut connection = connection(pool).await?;
     let row =
         sqlx::query_as("SELECT resultado, motivo FROM transferencia_processada WHERE transferencia_id = $1")
             .bind(transfer_id)

@@ -6,6 +6,8 @@
 //! own `settlement::decide`. After every step the outcomes agree; at the end the balances, the
 //! decisions, the entries and the invariants do.
 
+mod common;
+
 use std::collections::HashMap;
 
 use proptest::prelude::*;
@@ -292,13 +294,7 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
         sqlx::query_scalar("SELECT count(*) FROM outbox_evento").fetch_one(pool).await.map_err(fail)?;
     prop_assert_eq!(outbox, model.decided.len() as i64, "one outcome event per decision");
 
-    let broken: Vec<String> = ledger::verify::ledger_invariants(pool)
-        .await
-        .map_err(fail)?
-        .into_iter()
-        .filter(|result| !result.is_clean())
-        .map(|result| format!("{}: {:?}", result.check, result.breaks))
-        .collect();
+    let broken = common::broken_invariants(pool).await;
     prop_assert!(broken.is_empty(), "broken invariants: {broken:?}");
     Ok(())
 }

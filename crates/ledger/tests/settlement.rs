@@ -58,7 +58,7 @@ async fn a_transfer_delivered_twice_moves_money_once_and_announces_it_once() {
     assert!(nothing_more(&settled, Duration::from_secs(2)).await, "a duplicate outcome was published");
     // a duplicate is normal traffic, not a failure
     assert!(nothing_more(&dead_letters, Duration::from_secs(1)).await, "a duplicate was dead-lettered");
-    assert!(ledger.broken_invariants().await.is_empty(), "{:?}", ledger.broken_invariants().await);
+    ledger.assert_books_balance().await;
     ledger.stop().await;
 }
 
@@ -120,7 +120,7 @@ async fn each_rejection_is_an_event_that_moves_nothing_and_outcomes_stay_pinned(
     assert_eq!((ledger.balance("CC-A").await, ledger.balance("CC-B").await), (4_999, 1_001));
     assert_eq!(entry_counts(ledger.pool(), settled).await, (1, 1));
     assert!(nothing_more(&rejected, Duration::from_secs(2)).await, "a pinned rejection was announced again");
-    assert!(ledger.broken_invariants().await.is_empty(), "{:?}", ledger.broken_invariants().await);
+    ledger.assert_books_balance().await;
     ledger.stop().await;
 }
 
@@ -150,7 +150,7 @@ async fn one_batch_settles_in_order_and_a_rejection_does_not_undo_the_others() {
         assert_eq!(reason.as_deref().unwrap_or(&result), expected, "transfer {id}");
     }
     assert_eq!((ledger.balance("CC-A").await, ledger.balance("CC-B").await), (0, 1_000));
-    assert!(ledger.broken_invariants().await.is_empty(), "{:?}", ledger.broken_invariants().await);
+    ledger.assert_books_balance().await;
     ledger.stop().await;
 }
 
@@ -254,7 +254,7 @@ async fn two_hundred_crossing_transfers_on_two_instances_conserve_money() {
             .await
             .expect("count");
     assert!(settled > 0);
-    assert!(ledger.broken_invariants().await.is_empty(), "{:?}", ledger.broken_invariants().await);
+    ledger.assert_books_balance().await;
     ledger.stop().await;
 }
 

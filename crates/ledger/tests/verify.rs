@@ -53,6 +53,21 @@ impl Books {
     async fn execute(&self, sql: &str) {
         sqlx::raw_sql(sql).execute(self.pool()).await.expect(sql);
     }
+
+    /// A `D` entry in `debited` and a `C` entry in `credited` for `transfer`, by hand.
+    async fn add_entries(&self, transfer: &str, debited: &str, credited: &str, cents: i64) {
+        sqlx::query(
+            "INSERT INTO lancamento (transferencia_id, conta_id, tipo, valor_centavos) \
+             VALUES ($1::uuid, $2, 'D', $4), ($1::uuid, $3, 'C', $4)",
+        )
+        .bind(transfer)
+        .bind(debited)
+        .bind(credited)
+        .bind(cents)
+        .execute(self.pool())
+        .await
+        .expect("entries");
+    }
 }
 
 /// Broken check → its listed subjects.
@@ -102,12 +117,7 @@ async fn a_balance_changed_by_hand_breaks_invariants_2_and_3() {
 async fn a_transfer_settled_twice_is_named() {
     let books = books().await;
     let t = books.settled.to_string();
-    books
-        .execute(&format!(
-            "INSERT INTO lancamento (transferencia_id, conta_id, tipo, valor_centavos) \
-             VALUES ('{t}', 'A', 'D', 300), ('{t}', 'B', 'C', 300)"
-        ))
-        .await;
+    books.add_entries(&t, "A", "B", 300).await;
     assert_eq!(
         broken(books.pool()).await,
         expected(&[("settled-once", &[&t]), ("balance-equals-entries", &["A", "B"])])
@@ -140,12 +150,7 @@ async fn money_without_entries_or_below_zero_is_found() {
 async fn entries_of_a_rejected_or_unknown_transfer_are_found() {
     let books = books().await;
     let t = books.rejected.to_string();
-    books
-        .execute(&format!(
-            "INSERT INTO lancamento (transferencia_id, conta_id, tipo, valor_centavos) \
-             VALUES ('{t}', 'A', 'D', 10), ('{t}', 'B', 'C', 10)"
-        ))
-        .await;
+    books.add_entries(&t, "A", "B", 10).await;
     assert_eq!(
         broken(books.pool()).await,
         expected(&[
@@ -157,12 +162,7 @@ async fn entries_of_a_rejected_or_unknown_transfer_are_found() {
 
     let books = self::books().await;
     let unknown = Uuid::new_v4().to_string();
-    books
-        .execute(&format!(
-            "INSERT INTO lancamento (transferencia_id, conta_id, tipo, valor_centavos) \
-             VALUES ('{unknown}', 'A', 'D', 10), ('{unknown}', 'U', 'C', 10)"
-        ))
-        .await;
+    books.add_entries(&unknown, "A", "U", 10).await;
     assert_eq!(
         broken(books.pool()).await,
         expected(&[

@@ -1,14 +1,15 @@
 //! Exactly-once through crashes: `pagamentos antifraude` is SIGKILLed twice mid-stream and
 //! restarted; a `read_committed` reader sees exactly one output per input.
 
+mod common;
+
 use std::collections::HashMap;
-use std::process::Stdio;
 use std::time::Duration;
 
 use kafka::config::{consumer_config, OffsetCommit};
 use kafka::rdkafka::message::Message;
 use serde_json::Value;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use uuid::Uuid;
 
 use contracts::topics;
@@ -21,20 +22,11 @@ fn antifraude(topics: &TestTopics, transactional_prefix: &str) -> Child {
 }
 
 fn antifraude_instance(topics: &TestTopics, transactional_prefix: &str, instance: &str) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_pagamentos"))
-        .arg("antifraude")
-        .env("KAFKA_BOOTSTRAP_SERVERS", &topics.args.bootstrap_servers)
-        .env("KAFKA_GROUP_PROTOCOL", topics.args.group_protocol.to_string())
-        .env("PAGAMENTOS_TOPIC_PREFIX", &topics.args.topic_prefix)
-        .env("APP_KAFKA_PARTITIONS", "3")
+    common::service(topics, "antifraude")
         .env("ANTIFRAUDE_LISTEN", "127.0.0.1:0")
         .env("TRANSACTIONAL_ID_PREFIX", transactional_prefix)
         .env("PAGAMENTOS_INSTANCE_ID", instance)
         .env("ANTIFRAUDE_BATCH_RECORDS", "50")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .expect("start pagamentos antifraude")
 }

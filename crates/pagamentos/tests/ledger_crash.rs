@@ -2,15 +2,16 @@
 //! Every transfer is decided once and moves money once, the books stay balanced, and every
 //! outcome event that reaches Kafka is the same bytes however often the outbox sent it.
 
+mod common;
+
 use std::collections::HashMap;
-use std::process::Stdio;
 use std::time::Duration;
 
 use kafka::config::{consumer_config, producer_config, OffsetCommit};
 use kafka::producer::{OutgoingRecord, Producer};
 use kafka::rdkafka::message::Message;
 use serde_json::{json, Value};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use uuid::Uuid;
 
 use contracts::topics;
@@ -22,20 +23,11 @@ const ACCOUNTS: usize = 40;
 const MISSING_EVERY: usize = 10;
 
 fn ledger(topics: &TestTopics, database: &TestDatabase) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_pagamentos"))
-        .arg("ledger")
-        .env("KAFKA_BOOTSTRAP_SERVERS", &topics.args.bootstrap_servers)
-        .env("KAFKA_GROUP_PROTOCOL", topics.args.group_protocol.to_string())
-        .env("PAGAMENTOS_TOPIC_PREFIX", &topics.args.topic_prefix)
-        .env("APP_KAFKA_PARTITIONS", "3")
+    common::service(topics, "ledger")
         .env("LEDGER_LISTEN", "127.0.0.1:0")
         .env("LEDGER_DATABASE_URL", &database.url)
         .env("LEDGER_DATABASE_CONNECTIONS", "4")
         .env("LEDGER_BATCH_RECORDS", "50")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .expect("start pagamentos ledger")
 }

@@ -232,15 +232,15 @@ impl TestLedger {
         self.http.get(self.url("/metrics")).send().await.expect("GET /metrics").text().await.expect("metrics")
     }
 
-    /// The ledger's invariants 1–3: the names of the broken checks.
+    /// The ledger's invariants 1–3: the broken checks and their breaks.
     pub async fn broken_invariants(&self) -> Vec<String> {
-        ledger::verify::ledger_invariants(self.pool())
-            .await
-            .expect("verify")
-            .into_iter()
-            .filter(|result| !result.is_clean())
-            .map(|result| format!("{}: {:?}", result.check, result.breaks))
-            .collect()
+        broken_invariants(self.pool()).await
+    }
+
+    /// Panics, naming the breaks, unless invariants 1–3 hold.
+    pub async fn assert_books_balance(&self) {
+        let broken = self.broken_invariants().await;
+        assert!(broken.is_empty(), "broken invariants: {broken:?}");
     }
 
     pub async fn stop(mut self) {
@@ -283,4 +283,15 @@ pub async fn entry_counts(pool: &PgPool, transfer_id: Uuid) -> (i64, i64) {
     .fetch_one(pool)
     .await
     .expect("entries")
+}
+
+/// The broken checks of invariants 1–3 in the ledger database `pool`, with their breaks.
+pub async fn broken_invariants(pool: &PgPool) -> Vec<String> {
+    ledger::verify::ledger_invariants(pool)
+        .await
+        .expect("verify")
+        .into_iter()
+        .filter(|result| !result.is_clean())
+        .map(|result| format!("{}: {:?}", result.check, result.breaks))
+        .collect()
 }

@@ -1,0 +1,25 @@
+//! What the tests that run the real binary share.
+
+use std::process::Stdio;
+
+use tokio::process::Command;
+
+use testkit::TestTopics;
+
+/// `pagamentos <subcommand>` on the test's topics (3 partitions) and group protocol, logging
+/// only warnings to nowhere, killed when dropped; the caller adds the service's own settings
+/// and spawns it.
+pub fn service(topics: &TestTopics, subcommand: &str) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_pagamentos"));
+    command
+        .arg(subcommand)
+        .env("KAFKA_BOOTSTRAP_SERVERS", &topics.args.bootstrap_servers)
+        .env("KAFKA_GROUP_PROTOCOL", topics.args.group_protocol.to_string())
+        .env("PAGAMENTOS_TOPIC_PREFIX", &topics.args.topic_prefix)
+        .env("APP_KAFKA_PARTITIONS", "3")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    command
+}

@@ -3,7 +3,6 @@
 //! `scripts/test` after the rest of the suite.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use kafka::config::{consumer_config, OffsetCommit};
@@ -43,13 +42,7 @@ async fn a_broker_restart_mid_stream_loses_and_doubles_nothing() {
     let ids: Vec<Uuid> = (0..INPUTS).map(|_| Uuid::new_v4()).collect();
     let feed = testkit::feed_requests(&topics, ids.clone(), Duration::from_millis(150));
     tokio::time::sleep(Duration::from_millis(1_000)).await;
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/stack");
-    let restarted = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(script).args(["restart", "kafka"]).status().expect("scripts/stack")
-    })
-    .await
-    .expect("join");
-    assert!(restarted.success(), "scripts/stack restart kafka failed");
+    testkit::stack(&["restart", "kafka"]).await;
     feed.await.expect("feed");
 
     let reader = kafka::consumer::subscribe(

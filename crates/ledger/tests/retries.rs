@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -196,12 +195,6 @@ async fn while_the_database_is_gone_the_ledger_waits_and_dead_letters_nothing() 
     ledger.stop().await;
 }
 
-fn stack(args: &[&str]) {
-    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/stack");
-    let status = Command::new(&script).args(args).status().expect("run scripts/stack");
-    assert!(status.success(), "scripts/stack {args:?} failed");
-}
-
 #[tokio::test]
 #[ignore = "restarts the shared PostgreSQL: scripts/test runs it alone"]
 async fn a_postgres_restart_mid_stream_loses_nothing_and_dead_letters_nothing() {
@@ -231,7 +224,7 @@ async fn a_postgres_restart_mid_stream_loses_nothing_and_dead_letters_nothing() 
         })
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
-    stack(&["restart", "postgres"]);
+    testkit::stack(&["restart", "postgres"]).await;
     feeding.await.expect("feed");
     for id in &ids {
         assert_eq!(ledger.decided(*id).await.0, "LIQUIDADA");

@@ -8,6 +8,7 @@
 //! - [`eventually`]: poll a condition with a deadline instead of sleeping.
 //! - [`receive`]: the next records of a consumer, with a deadline.
 //! - [`feed_requests`]: a stream of `TransferenciaSolicitada` for fault tests.
+//! - [`stack`]: `scripts/stack restart …` for the tests that take the stack away.
 //!
 //! The stack's addresses come from `KAFKA_BOOTSTRAP_SERVERS` and `PAGAMENTOS_TEST_DATABASE_URL`
 //! (defaults: the local stack). Tests fail, never skip, when the stack is down.
@@ -243,4 +244,21 @@ pub fn feed_requests(
             }
         }
     })
+}
+
+/// Runs this checkout's `scripts/stack` with `args` (e.g. `["restart", "kafka"]`) on the
+/// blocking pool, so the services under test keep running meanwhile; panics unless it
+/// succeeds. The checkout is found at run time from `CARGO_MANIFEST_DIR`, which `cargo test`
+/// sets to the test's package: a build shared by several clones (one `CARGO_TARGET_DIR`) may
+/// reuse a test binary compiled in another clone, whose compile-time path would be that one's.
+pub async fn stack(args: &[&str]) {
+    let package = std::env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR (run under cargo test)");
+    let script = std::path::PathBuf::from(package).join("../../scripts/stack");
+    let owned: Vec<String> = args.iter().map(|arg| (*arg).to_owned()).collect();
+    let status = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(&script).args(&owned).status().expect("run scripts/stack")
+    })
+    .await
+    .expect("scripts/stack task");
+    assert!(status.success(), "scripts/stack {args:?} failed");
 }

@@ -4,8 +4,6 @@
 //! they are `#[ignore]`d and `scripts/test` runs them alone, after the rest of the suite
 //! (`cargo test --workspace --test stack_restart -- --ignored --test-threads=1`).
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,12 +14,6 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use kafka::config::{consumer_config, producer_config, OffsetCommit};
 use kafka::producer::{OutgoingRecord, Producer};
 use testkit::{eventually, unique, TestDatabase, TestTopics};
-
-fn stack(args: &[&str]) {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/stack");
-    let status = Command::new(&script).args(args).status().expect("run scripts/stack");
-    assert!(status.success(), "scripts/stack {args:?} failed");
-}
 
 fn committed(bootstrap: &str, group: &str, topic: &str) -> Option<i64> {
     let reader: BaseConsumer = ClientConfig::new()
@@ -73,7 +65,7 @@ async fn restarting_kafka_keeps_topics_records_and_committed_offsets() {
     drop(consumer);
     assert_eq!(committed(&args.bootstrap_servers, &group, &topic), Some(2));
 
-    tokio::task::spawn_blocking(|| stack(&["restart", "kafka"])).await.expect("join");
+    testkit::stack(&["restart", "kafka"]).await;
 
     let bootstrap = args.bootstrap_servers.clone();
     let (group_after, topic_after) = (group.clone(), topic.clone());
@@ -108,7 +100,7 @@ async fn restarting_postgres_keeps_tables() {
     sqlx::query("CREATE TABLE kept (id int PRIMARY KEY)").execute(&database.pool).await.expect("create");
     sqlx::query("INSERT INTO kept VALUES (42)").execute(&database.pool).await.expect("insert");
 
-    tokio::task::spawn_blocking(|| stack(&["restart", "postgres"])).await.expect("join");
+    testkit::stack(&["restart", "postgres"]).await;
 
     // the pool's old connections died with the server; new ones come back
     let value: i32 = eventually("the row after the restart", Duration::from_secs(60), || async {

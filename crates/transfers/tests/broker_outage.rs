@@ -5,7 +5,6 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use kafka::rdkafka::message::Message;
@@ -21,10 +20,7 @@ use contracts::topics;
 async fn transfers_accepted_during_a_broker_restart_are_all_published_in_key_order() {
     let app = spawn_app().await;
     let keys = ["CC-001", "CC-002", "CC-003"];
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/stack");
-    let restart = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(script).args(["restart", "kafka"]).status().expect("scripts/stack")
-    });
+    let restart = tokio::spawn(testkit::stack(&["restart", "kafka"]));
 
     // one request at a time, as a client that waits for each answer: acceptance order per key
     let mut accepted: Vec<(String, i64)> = Vec::new();
@@ -58,7 +54,7 @@ async fn transfers_accepted_during_a_broker_restart_are_all_published_in_key_ord
         n += 1;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(restart.await.expect("join").success(), "scripts/stack restart kafka failed");
+    restart.await.expect("scripts/stack restart kafka");
     assert!(accepted.len() > 50, "only {} transfers sent during the restart", accepted.len());
     readiness.0.cancel();
     assert!(readiness.1.await.expect("readiness watcher"), "/readyz never answered 503 while Kafka was down");

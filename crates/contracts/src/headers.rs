@@ -43,7 +43,7 @@ pub mod retry {
     pub const ATTEMPTS: &str = "retry_topic-attempts";
     /// Not to be processed before this epoch-ms instant: `BigInteger.toByteArray()`.
     pub const BACKOFF_TIMESTAMP: &str = "retry_topic-backoff-timestamp";
-    /// When the first attempt failed: `BigInteger.toByteArray()`.
+    /// The original record's timestamp, carried down the chain: `BigInteger.toByteArray()`.
     pub const ORIGINAL_TIMESTAMP_RETRY: &str = "retry_topic-original-timestamp";
 }
 

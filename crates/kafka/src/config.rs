@@ -202,6 +202,14 @@ pub fn consumer_config(
     config
 }
 
+/// A reader outside any consumer loop (the dead-letter tools): `read_committed`, from the
+/// earliest retained record; the caller sets the group and how offsets move.
+pub fn base_consumer_settings(args: &KafkaArgs, client_id: &str) -> ClientConfig {
+    let mut config = base(args, client_id);
+    config.set("isolation.level", "read_committed").set("auto.offset.reset", "earliest");
+    config
+}
+
 /// The admin client (topics).
 pub fn admin_config(args: &KafkaArgs, client_id: &str) -> ClientConfig {
     base(args, client_id)

@@ -183,10 +183,31 @@ async fn next_batch(consumer: &KafkaConsumer, options: &LoopOptions) -> Result<V
             }
         }
     };
-    let mut batch = Vec::with_capacity(options.batch_records_max.min(64));
+    fill(consumer, first, options.batch_records_max, options.batch_wait_max).await
+}
+
+/// Waits for one record, then takes more until `records_max` or `wait_max` after the first.
+/// Unlike the loop's own batches, never stores the position while idle: for consumers that
+/// hold records back (retry topics), the position runs ahead of what was handled.
+pub async fn next_batch_of(
+    consumer: &KafkaConsumer,
+    records_max: usize,
+    wait_max: Duration,
+) -> Result<Vec<OwnedMessage>, Error> {
+    let first = receive(consumer).await?;
+    fill(consumer, first, records_max, wait_max).await
+}
+
+async fn fill(
+    consumer: &KafkaConsumer,
+    first: OwnedMessage,
+    records_max: usize,
+    wait_max: Duration,
+) -> Result<Vec<OwnedMessage>, Error> {
+    let mut batch = Vec::with_capacity(records_max.min(64));
     batch.push(first);
-    let deadline = tokio::time::Instant::now() + options.batch_wait_max;
-    while batch.len() < options.batch_records_max {
+    let deadline = tokio::time::Instant::now() + wait_max;
+    while batch.len() < records_max {
         match tokio::time::timeout_at(deadline, receive(consumer)).await {
             Ok(record) => batch.push(record?),
             Err(_elapsed) => break,

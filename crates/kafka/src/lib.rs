@@ -12,6 +12,9 @@
 //! - [`consumer`]: the one consumer loop: batches to a handler, offsets stored only after the
 //!   handler succeeded, blocking retries with backoff, graceful shutdown.
 //! - [`dead_letter`]: dead letters with Spring Kafka's `kafka_dlt-*` headers.
+//! - [`dlt`]: list and replay dead letters, count those not yet replayed.
+//! - [`retry_topic`]: non-blocking retries through retry topics (Spring's `retry_topic-*` and
+//!   `kafka_original-*` headers), waiting by pausing only the partition of a record not due.
 //! - [`trace`]: W3C trace context to and from record headers.
 //! - [`topics`]: create or verify every topic of the plan.
 //! - [`health`]: Kafka readiness for `/readyz`.
@@ -25,10 +28,12 @@ pub mod config;
 pub mod consumer;
 pub mod context;
 pub mod dead_letter;
+pub mod dlt;
 pub mod error;
 pub mod health;
 pub mod lag;
 pub mod producer;
+pub mod retry_topic;
 pub mod topics;
 pub mod trace;
 pub mod transactional;

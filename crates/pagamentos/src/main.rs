@@ -6,12 +6,14 @@
 //! - [`topics`]: `pagamentos topics`, create or verify every topic.
 //! - [`services`]: the service subcommands (start, wait for the signal, drain).
 //! - [`verify`]: `pagamentos verify`, the books against the contract's invariants.
+//! - [`dlt`]: `pagamentos dlt list|replay`, dead letters for operators.
 //! - [`shutdown`]: SIGINT/SIGTERM → one cancellation token → drain with a deadline.
 //!
 //! This crate only parses arguments, wires crates together and handles signals; the work is
 //! done in the crates it calls.
 
 mod database;
+mod dlt;
 mod migrate;
 mod services;
 mod shutdown;
@@ -44,6 +46,11 @@ enum Command {
     Antifraude(services::AntifraudCommand),
     /// The ledger: settles analysed transfers as double entries, accounts API (port 8081).
     Ledger(services::LedgerCommand),
+    /// Notifications: one webhook per outcome event, non-blocking retry topics, then the
+    /// dead-letter topic (health on 8083).
+    Notificacoes(services::NotificationsCommand),
+    /// Inspect (`list`) or re-drive (`replay`) the dead letters of any `-dlt` topic.
+    Dlt(dlt::DltCommand),
     /// Apply the embedded database migrations (services also migrate on start).
     Migrate(migrate::MigrateArgs),
     /// Create or verify every topic idempotently; exit 1 if an existing topic differs from the
@@ -119,6 +126,8 @@ fn main() -> ExitCode {
             Command::Topics(args) => topics::run(args).await,
             Command::Ledger(args) => services::ledger(args).await,
             Command::Verify(args) => verify::run(args).await,
+            Command::Notificacoes(args) => services::notifications(args).await,
+            Command::Dlt(args) => dlt::run(args).await,
         }
     });
     telemetry::logging::shutdown();

@@ -50,6 +50,15 @@ pub struct LedgerCommand {
     common: CommonArgs,
 }
 
+#[derive(Debug, clap::Args)]
+pub struct NotificationsCommand {
+    #[command(flatten)]
+    notifications: notifications::NotificationsArgs,
+
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
 /// Starts a service with `start`, then waits for SIGINT/SIGTERM and drains.
 async fn serve<F, E>(
     name: &str,
@@ -100,4 +109,18 @@ pub async fn ledger(command: LedgerCommand) -> anyhow::Result<ExitCode> {
         profile: command.common.profile,
     };
     serve("ledger", |token, tracker| async move { ledger::start(settings, token, &tracker).await }).await
+}
+
+pub async fn notifications(command: NotificationsCommand) -> anyhow::Result<ExitCode> {
+    let settings = notifications::Settings {
+        args: command.notifications,
+        kafka: command.common.kafka,
+        topics: command.common.topics,
+        profile: command.common.profile,
+    };
+    serve(
+        "notificacoes",
+        |token, tracker| async move { notifications::start(settings, token, &tracker).await },
+    )
+    .await
 }

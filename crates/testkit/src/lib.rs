@@ -9,12 +9,15 @@
 //! - [`receive`]: the next records of a consumer, with a deadline.
 //! - [`feed_requests`]: a stream of `TransferenciaSolicitada` for fault tests.
 //! - [`stack`]: `scripts/stack restart …` for the tests that take the stack away.
+//! - [`webhook`]: a scripted local HTTP receiver for notification tests.
 //!
 //! The stack's addresses come from `KAFKA_BOOTSTRAP_SERVERS` and `PAGAMENTOS_TEST_DATABASE_URL`
 //! (defaults: the local stack). Tests fail, never skip, when the stack is down.
 //!
 //! # Architecture invariant
 //! Only ever a dev-dependency.
+
+pub mod webhook;
 
 use std::future::Future;
 use std::time::Duration;

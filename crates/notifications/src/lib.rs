@@ -1,0 +1,155 @@
+//! `pagamentos notificacoes`: every outcome event (`transferencias.liquidada`,
+//! `transferencias.rejeitada`) becomes one webhook `POST`, retried without blocking anyone
+//! through the retry topics (1 s, 2 s, 4 s: four attempts in all), then parked in
+//! `<topic>-dlt` for an operator (`pagamentos dlt`). Reference article §7.
+//!
+//! # Layout
+//! - [`webhook`]: the HTTP client, the signature and what each answer means.
+//! - [`notifier`]: one attempt at one record.
+//! - [`start`]: four consumers (group `notificacoes` on the outcome topics, and
+//!   `notificacoes-retry-<ms>` on each retry topic) over [`kafka::retry_topic`], plus
+//!   `/healthz`, `/readyz` and `/metrics` on port 8083.
+//!
+//! # Architecture invariant
+//! No database: delivery is at least once (a crash after a POST and before the offset commit
+//! posts again), and receivers dedupe by `Idempotency-Key` (the event id). A record waiting
+//! for its retry pauses only its own partition.
+
+pub mod notifier;
+pub mod webhook;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use contracts::topics;
+use kafka::config::{consumer_config, producer_config, OffsetCommit};
+use kafka::producer::Producer;
+use kafka::retry_topic::{Chain, StageOptions};
+use kafka::{KafkaArgs, Profile, TopicArgs};
+
+/// Options of `pagamentos notificacoes`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct NotificationsArgs {
+    /// Address of `/healthz`, `/readyz` and `/metrics`.
+    #[arg(long = "notificacoes-listen", env = "NOTIFICACOES_LISTEN", default_value = "0.0.0.0:8083")]
+    pub listen: SocketAddr,
+
+    /// Where each outcome is POSTed; unset, notifications are only logged.
+    #[arg(long = "webhook-url", env = "NOTIFICACOES_WEBHOOK_URL")]
+    pub webhook_url: Option<reqwest::Url>,
+
+    /// Key of the `X-Signature: sha256=<HMAC>` header; unset, requests are not signed.
+    #[arg(long = "webhook-secret", env = "NOTIFICACOES_WEBHOOK_SECRET", hide_env_values = true)]
+    pub webhook_secret: Option<String>,
+
+    /// A webhook call (connection included) that takes longer fails and is retried, in ms.
+    #[arg(long = "webhook-timeout-ms", env = "NOTIFICACOES_WEBHOOK_TIMEOUT_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..=120_000))]
+    pub webhook_timeout_ms: u64,
+
+    /// Most webhook calls in flight per consumer (main and each retry topic).
+    #[arg(long = "webhook-concurrency", env = "NOTIFICACOES_WEBHOOK_CONCURRENCY", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1_024))]
+    pub concurrency: u32,
+}
+
+/// Everything a running notifications service needs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub args: NotificationsArgs,
+    pub kafka: KafkaArgs,
+    pub topics: TopicArgs,
+    pub profile: Profile,
+}
+
+/// The contract's chain: 1 s, 2 s, 4 s.
+pub fn chain() -> Chain {
+    Chain { delays_ms: topics::RETRY_DELAYS_MS.to_vec() }
+}
+
+/// Makes sure the topics exist, then spawns the four stage consumers, the lag and
+/// dead-letter gauges and the health routes on `tracker`. Returns the health address.
+pub async fn start(
+    settings: Settings,
+    shutdown: CancellationToken,
+    tracker: &TaskTracker,
+) -> Result<SocketAddr, Error> {
+    let Settings { args, kafka, topics: topic_args, profile } = settings;
+    kafka::topics::ensure_at_start(&kafka, &topic_args).await?;
+    let webhook = match &args.webhook_url {
+        Some(url) => Some(webhook::Webhook::new(webhook::WebhookSettings {
+            url: url.clone(),
+            secret: args.webhook_secret.clone().filter(|secret| !secret.is_empty()),
+            timeout: Duration::from_millis(args.webhook_timeout_ms),
+            pool_idle_per_host: args.concurrency as usize,
+        })?),
+        None => {
+            tracing::warn!("NOTIFICACOES_WEBHOOK_URL not set: notifications are logged, not sent");
+            None
+        }
+    };
+    let bases: Vec<String> = topics::RETRIED_TOPICS.iter().map(|topic| kafka.topic(topic)).collect();
+    let notifier = Arc::new(notifier::Notifier::new(webhook, kafka.topic(topics::SETTLED)));
+    let producer = Producer::new(&producer_config(&kafka, "notificacoes", profile.linger()))?;
+    let chain = chain();
+    let stages = chain.stages(&bases, &kafka.group(topics::groups::NOTIFICATIONS));
+    let options = StageOptions { concurrency: args.concurrency as usize, ..StageOptions::default() };
+
+    let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> =
+        vec![Arc::new(kafka::health::KafkaReady::new(producer.clone(), bases[0].clone()))];
+    let app = telemetry::health::router(checks, telemetry::metrics::install());
+    let (bound, serve) =
+        telemetry::server::bind("notificacoes health", args.listen, app, shutdown.clone().cancelled_owned())
+            .await
+            .map_err(|source| Error::Bind { address: args.listen.to_string(), source })?;
+    tracker.spawn(serve);
+
+    for stage in stages {
+        let consumer = kafka::consumer::subscribe(
+            &consumer_config(&kafka, "notificacoes", &stage.group, OffsetCommit::StoredAfterHandling),
+            &stage.topics(),
+        )?;
+        tracker.spawn(kafka::lag::report(consumer.clone(), stage.group.clone(), shutdown.clone()));
+        let group = stage.group.clone();
+        let run = kafka::retry_topic::run(
+            consumer,
+            notifier.clone(),
+            producer.clone(),
+            chain.clone(),
+            stage,
+            options.clone(),
+            shutdown.clone(),
+        );
+        tracker.spawn(async move {
+            if let Err(error) = run.await {
+                tracing::error!(error = %kafka::consumer::error_chain(&error), group, "notificacoes consumer stopped");
+            }
+        });
+    }
+    let dead_letter_topics = bases.iter().map(|base| topics::dead_letter_topic(base)).collect();
+    tracker.spawn(kafka::dlt::report_retained(
+        kafka.clone(),
+        dead_letter_topics,
+        kafka::lag::REFRESH_INTERVAL,
+        shutdown.clone(),
+    ));
+    tracing::info!(webhook = ?args.webhook_url.as_ref().map(|url| url.as_str()), "notificacoes started");
+    Ok(bound)
+}
+
+/// What can stop the service from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Kafka(#[from] kafka::Error),
+    #[error(transparent)]
+    Webhook(#[from] webhook::ClientError),
+    #[error("cannot listen on {address}")]
+    Bind {
+        address: String,
+        #[source]
+        source: std::io::Error,
+    },
+}

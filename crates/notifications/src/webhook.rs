@@ -1,0 +1,238 @@
+//! The webhook client: one `POST` per outcome event to `NOTIFICACOES_WEBHOOK_URL`
+//! (`CONTRACT.md` §3, *Notifications*), with a bounded timeout and a pooled connection.
+//!
+//! The request carries the event's JSON exactly as it travelled on Kafka, `Idempotency-Key:
+//! <eventoId>` (receivers dedupe by it: every delivery is at least once), `X-Evento-Tipo`, the
+//! W3C `traceparent` of the delivery, and `X-Signature: sha256=<hex HMAC-SHA256 of the body>`
+//! when a secret is configured.
+//!
+//! What the answer means: 2xx delivered; 5xx, 408, 429, a timeout or a connection failure may
+//! pass, so the record is retried through the retry topics; any other answer (other 4xx, and
+//! redirects, which are not followed) will not change by waiting, so it is dead-lettered.
+
+use std::time::{Duration, Instant};
+
+use hmac::{Hmac, Mac};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
+use reqwest::StatusCode;
+use sha2::Sha256;
+
+/// Where and how notifications are sent.
+#[derive(Debug, Clone)]
+pub struct WebhookSettings {
+    pub url: reqwest::Url,
+    /// Key of the `X-Signature` HMAC; unsigned when `None`.
+    pub secret: Option<String>,
+    /// The whole request, connection included, must finish within this.
+    pub timeout: Duration,
+    /// Idle connections kept per host.
+    pub pool_idle_per_host: usize,
+}
+
+/// A request that could not be sent, or was not created.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot build the webhook client")]
+    Build(#[source] reqwest::Error),
+}
+
+/// How one delivery ended.
+#[derive(Debug)]
+pub enum Answer {
+    /// 2xx.
+    Delivered(StatusCode),
+    /// May pass: 5xx, 408, 429, timeout, connection failure.
+    Transient(DeliveryError),
+    /// Will not pass by waiting: other 4xx, 3xx, 1xx.
+    Permanent(DeliveryError),
+}
+
+/// Why a delivery failed; the type path of each variant is what a forwarded record's
+/// `kafka_exception-fqcn` says.
+#[derive(Debug, thiserror::Error)]
+pub enum DeliveryError {
+    #[error("webhook answered {status}")]
+    Status { status: StatusCode },
+    #[error("webhook did not answer within {timeout:?}")]
+    Timeout {
+        timeout: Duration,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("webhook unreachable")]
+    Connection(#[source] reqwest::Error),
+    #[error("webhook request failed")]
+    Request(#[source] reqwest::Error),
+}
+
+impl DeliveryError {
+    /// The exception class name for the retry and dead-letter headers.
+    pub fn fqcn(&self) -> &'static str {
+        match self {
+            Self::Status { status } if status.is_server_error() => "notifications::webhook::ServerError",
+            Self::Status { status } if status.is_client_error() => "notifications::webhook::ClientError",
+            Self::Status { .. } => "notifications::webhook::UnexpectedStatus",
+            Self::Timeout { .. } => "notifications::webhook::Timeout",
+            Self::Connection(_) => "notifications::webhook::ConnectionFailed",
+            Self::Request(_) => "notifications::webhook::RequestFailed",
+        }
+    }
+
+    /// The type path of the cause, when there is one.
+    pub fn cause_fqcn(&self) -> Option<&'static str> {
+        match self {
+            Self::Status { .. } => None,
+            _ => Some("reqwest::Error"),
+        }
+    }
+}
+
+/// Whether an HTTP status may change by retrying (`CONTRACT.md` §3).
+pub fn is_transient(status: StatusCode) -> bool {
+    status.is_server_error()
+        || status == StatusCode::REQUEST_TIMEOUT
+        || status == StatusCode::TOO_MANY_REQUESTS
+}
+
+/// `sha256=<lowercase hex HMAC-SHA256 of body keyed by secret>`.
+pub fn signature(secret: &str, body: &[u8]) -> String {
+    // HMAC takes keys of any length
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(secret.as_bytes()).unwrap_or_else(|_| unreachable!());
+    mac.update(body);
+    let digest = mac.finalize().into_bytes();
+    let mut text = String::with_capacity(7 + digest.len() * 2);
+    text.push_str("sha256=");
+    for byte in digest {
+        text.push_str(&format!("{byte:02x}"));
+    }
+    text
+}
+
+/// One outgoing notification.
+#[derive(Debug, Clone, Copy)]
+pub struct Notification<'a> {
+    pub event_id: uuid::Uuid,
+    pub event_type: &'static str,
+    /// The event JSON, sent as is.
+    pub body: &'a [u8],
+    /// Trace context of the delivery (`traceparent`, `tracestate`).
+    pub trace: &'a [(String, String)],
+}
+
+/// A pooled HTTP client bound to one webhook.
+#[derive(Debug, Clone)]
+pub struct Webhook {
+    client: reqwest::Client,
+    settings: WebhookSettings,
+}
+
+impl Webhook {
+    pub fn new(settings: WebhookSettings) -> Result<Self, ClientError> {
+        let client = reqwest::Client::builder()
+            .timeout(settings.timeout)
+            .connect_timeout(settings.timeout)
+            .pool_max_idle_per_host(settings.pool_idle_per_host)
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("pagamentos-notificacoes/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(ClientError::Build)?;
+        Ok(Self { client, settings })
+    }
+
+    pub fn url(&self) -> &reqwest::Url {
+        &self.settings.url
+    }
+
+    /// POSTs `notification` once and classifies the answer; records latency and outcome.
+    pub async fn deliver(&self, notification: &Notification<'_>) -> Answer {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let insert = |headers: &mut HeaderMap, name: &str, value: &str| {
+            if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::try_from(value)) {
+                headers.insert(name, value);
+            }
+        };
+        insert(&mut headers, "idempotency-key", &notification.event_id.to_string());
+        insert(&mut headers, "x-evento-tipo", notification.event_type);
+        if let Some(secret) = &self.settings.secret {
+            insert(&mut headers, "x-signature", &signature(secret, notification.body));
+        }
+        for (name, value) in notification.trace {
+            insert(&mut headers, name, value);
+        }
+        let started = Instant::now();
+        let result = self
+            .client
+            .post(self.settings.url.clone())
+            .headers(headers)
+            .body(notification.body.to_vec())
+            .send()
+            .await;
+        let answer = match result {
+            Ok(response) => {
+                let status = response.status();
+                // drain the body so the connection goes back to the pool
+                drop(response.bytes().await);
+                if status.is_success() {
+                    Answer::Delivered(status)
+                } else if is_transient(status) {
+                    Answer::Transient(DeliveryError::Status { status })
+                } else {
+                    Answer::Permanent(DeliveryError::Status { status })
+                }
+            }
+            Err(error) if error.is_timeout() => {
+                Answer::Transient(DeliveryError::Timeout { timeout: self.settings.timeout, source: error })
+            }
+            Err(error) if error.is_connect() => Answer::Transient(DeliveryError::Connection(error)),
+            Err(error) => Answer::Transient(DeliveryError::Request(error)),
+        };
+        let resultado = match &answer {
+            Answer::Delivered(_) => "entregue",
+            Answer::Transient(_) => "falha_temporaria",
+            Answer::Permanent(_) => "recusada",
+        };
+        metrics::histogram!("notificacoes_webhook_seconds", "resultado" => resultado)
+            .record(started.elapsed().as_secs_f64());
+        metrics::counter!("notificacoes_webhook_total", "resultado" => resultado).increment(1);
+        answer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signature_is_hmac_sha256_in_lowercase_hex() {
+        // RFC 4231, test case 2
+        assert_eq!(
+            signature("Jefe", b"what do ya want for nothing?"),
+            "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+        assert_ne!(
+            signature("Jefe", b"what do ya want for nothing!"),
+            signature("Jefe", b"what do ya want for nothing?")
+        );
+    }
+
+    #[test]
+    fn transient_statuses_are_the_contracts() {
+        for code in [500, 502, 503, 504, 408, 429] {
+            assert!(is_transient(StatusCode::from_u16(code).expect("status")), "{code}");
+        }
+        for code in [400, 401, 403, 404, 409, 410, 422, 301] {
+            assert!(!is_transient(StatusCode::from_u16(code).expect("status")), "{code}");
+        }
+    }
+
+    #[test]
+    fn failures_name_their_kind() {
+        let server = DeliveryError::Status { status: StatusCode::SERVICE_UNAVAILABLE };
+        assert_eq!(server.fqcn(), "notifications::webhook::ServerError");
+        assert_eq!(server.cause_fqcn(), None);
+        assert_eq!(server.to_string(), "webhook answered 503 Service Unavailable");
+        let client = DeliveryError::Status { status: StatusCode::BAD_REQUEST };
+        assert_eq!(client.fqcn(), "notifications::webhook::ClientError");
+    }
+}

@@ -1,0 +1,305 @@
+//! Notifications against the real broker and a real local HTTP receiver: retries through the
+//! retry topics with their real delays, dead letters, and nothing blocked by a failing record.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use kafka::producer::{OutgoingRecord, Producer};
+use kafka::rdkafka::consumer::Consumer;
+use kafka::rdkafka::message::{Message, OwnedMessage};
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use uuid::Uuid;
+
+use contracts::headers::{decode_big_integer, decode_int, decode_text};
+use contracts::topics;
+use testkit::webhook::{Receiver, Reply};
+use testkit::TestTopics;
+
+const SECRET: &str = "s3cr3t";
+
+struct Running {
+    topics: TestTopics,
+    receiver: Receiver,
+    producer: Producer,
+    health: SocketAddr,
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl Running {
+    async fn start(timeout_ms: u64) -> Self {
+        testkit::init_logs();
+        let topics = TestTopics::plan(3).await;
+        let (receiver, url) = Receiver::start().await;
+        let settings = notifications::Settings {
+            args: notifications::NotificationsArgs {
+                listen: "127.0.0.1:0".parse().expect("address"),
+                webhook_url: Some(url.parse().expect("url")),
+                webhook_secret: Some(SECRET.into()),
+                webhook_timeout_ms: timeout_ms,
+                concurrency: 16,
+            },
+            kafka: topics.args.clone(),
+            topics: kafka::TopicArgs { partitions: 3, replicas: 1 },
+            profile: kafka::Profile::Fast,
+        };
+        let shutdown = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let health = notifications::start(settings, shutdown.clone(), &tracker).await.expect("start");
+        let producer = Producer::new(&kafka::config::producer_config(&topics.args, "test", Duration::ZERO))
+            .expect("producer");
+        Self { topics, receiver, producer, health, shutdown, tracker }
+    }
+
+    /// Publishes a settled event for a fresh transfer from `account`; returns its event id.
+    async fn settle(&self, account: &str) -> Uuid {
+        let event_id = Uuid::new_v4();
+        let payload = json!({"eventoId": event_id, "transferenciaId": Uuid::new_v4(), "liquidadaEm": "2026-12-04T10:00:00Z",
+            "contaOrigem": account, "contaDestino": "CC-999", "valorEmCentavos": 100, "moeda": "BRL"});
+        self.publish(topics::SETTLED, account, payload.to_string().into_bytes()).await;
+        event_id
+    }
+
+    async fn publish(&self, topic: &str, key: &str, payload: Vec<u8>) {
+        let record = OutgoingRecord::new(self.topics.topic(topic), key, payload);
+        self.producer.send(&record).await.expect("publish");
+    }
+
+    async fn wait_calls(
+        &self,
+        event_id: Uuid,
+        count: usize,
+        within: Duration,
+    ) -> Vec<testkit::webhook::Call> {
+        testkit::eventually(&format!("{count} calls for {event_id}"), within, || async {
+            let calls = self.receiver.calls_for(event_id);
+            (calls.len() >= count).then_some(calls)
+        })
+        .await
+    }
+
+    /// Reads `count` records of the settled topic's `-dlt`.
+    async fn dead_letters(&self, count: usize) -> Vec<OwnedMessage> {
+        let config = kafka::config::consumer_config(
+            &self.topics.args,
+            "test",
+            &testkit::unique("dlt-reader"),
+            kafka::config::OffsetCommit::StoredAfterHandling,
+        );
+        let consumer =
+            kafka::consumer::subscribe(&config, &[&self.topics.topic("transferencias.liquidada-dlt")])
+                .expect("dlt consumer");
+        let records = testkit::receive(&consumer, count).await;
+        consumer.unsubscribe();
+        records
+    }
+
+    async fn metrics(&self) -> String {
+        let url = format!("http://{}/metrics", self.health);
+        reqwest::get(url).await.expect("metrics").text().await.expect("metrics body")
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.tracker.close();
+        tokio::time::timeout(Duration::from_secs(30), self.tracker.wait()).await.expect("drained");
+    }
+}
+
+fn gap(calls: &[testkit::webhook::Call], index: usize) -> Duration {
+    calls[index + 1].at.duration_since(calls[index].at)
+}
+
+fn header<'a>(record: &'a OwnedMessage, name: &str) -> &'a [u8] {
+    kafka::consumer::header(record, name).unwrap_or_else(|| panic!("header {name} missing"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flaky_receiver_gets_three_calls_a_second_then_two_seconds_apart() {
+    let running = Running::start(2_000).await;
+    let event = Uuid::new_v4();
+    running.receiver.script(event, &[Reply::Status(503), Reply::Status(503), Reply::Status(200)]);
+    let payload =
+        json!({"eventoId": event, "transferenciaId": Uuid::new_v4(), "motivo": "SALDO_INSUFICIENTE",
+        "rejeitadaEm": "2026-12-04T10:00:00Z"})
+        .to_string();
+    running.publish(topics::REJECTED, "CC-001", payload.clone().into_bytes()).await;
+
+    let calls = running.wait_calls(event, 3, Duration::from_secs(30)).await;
+    assert!(gap(&calls, 0) >= Duration::from_millis(1000), "first retry after {:?}", gap(&calls, 0));
+    assert!(gap(&calls, 1) >= Duration::from_millis(2000), "second retry after {:?}", gap(&calls, 1));
+    // the contract's headers, the body as it travelled, a verifiable signature
+    for call in &calls {
+        assert_eq!(call.idempotency_key.as_deref(), Some(event.to_string().as_str()));
+        assert_eq!(call.event_type.as_deref(), Some("TransferenciaRejeitada"));
+        assert_eq!(call.body, payload.as_bytes());
+        assert_eq!(
+            call.signature.as_deref(),
+            Some(notifications::webhook::signature(SECRET, payload.as_bytes()).as_str())
+        );
+    }
+    // delivered on the third call: no fourth one comes, nothing is dead-lettered
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(running.receiver.calls_for(event).len(), 3);
+    eprintln!("measured retry gaps: {:?}, {:?}", gap(&calls, 0), gap(&calls, 1));
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_always_failing_receiver_gets_four_calls_then_the_record_is_dead_lettered() {
+    let running = Running::start(2_000).await;
+    let event = running.settle("CC-002").await;
+    running.receiver.script(event, &[Reply::Status(503); 10]);
+
+    let calls = running.wait_calls(event, 4, Duration::from_secs(40)).await;
+    for (index, at_least) in [(0, 1000), (1, 2000), (2, 4000)] {
+        assert!(
+            gap(&calls, index) >= Duration::from_millis(at_least),
+            "gap {index}: {:?}",
+            gap(&calls, index)
+        );
+    }
+    eprintln!("measured retry gaps: {:?}, {:?}, {:?}", gap(&calls, 0), gap(&calls, 1), gap(&calls, 2));
+
+    let letters = running.dead_letters(1).await;
+    let letter = &letters[0];
+    let payload: Value = serde_json::from_slice(letter.payload().expect("payload")).expect("json");
+    assert_eq!(payload["eventoId"], event.to_string());
+    assert_eq!(letter.key(), Some(&b"CC-002"[..]));
+    let settled = running.topics.topic(topics::SETTLED);
+    assert_eq!(decode_text(header(letter, "kafka_original-topic")), Ok(settled.as_str()));
+    assert_eq!(decode_int(header(letter, "kafka_original-partition")), Ok(letter.partition()));
+    assert_eq!(decode_int(header(letter, "retry_topic-attempts")), Ok(4));
+    assert!(decode_big_integer(header(letter, "retry_topic-original-timestamp")).is_ok());
+    assert_eq!(header(letter, "kafka_exception-fqcn"), b"notifications::webhook::ServerError");
+    assert_eq!(header(letter, "kafka_exception-message"), b"webhook answered 503 Service Unavailable");
+    let group = running.topics.args.group("notificacoes");
+    assert_eq!(decode_text(header(letter, "kafka_dlt-original-consumer-group")), Ok(group.as_str()));
+
+    // no fifth call
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(running.receiver.calls_for(event).len(), 4);
+
+    let metrics = testkit::eventually("the dead-letter gauge", Duration::from_secs(20), || async {
+        let metrics = running.metrics().await;
+        let retained = format!("dlt_mensagens_retidas{{topic=\"{settled}-dlt\"}} 1");
+        metrics.contains(&retained).then_some(metrics)
+    })
+    .await;
+    for expected in [
+        format!("retries_total{{topic=\"{settled}\"}} 1"),
+        format!("retries_total{{topic=\"{settled}-retry-1000\"}} 1"),
+        format!("retries_total{{topic=\"{settled}-retry-2000\"}} 1"),
+        format!("dlt_mensagens_total{{topic=\"{settled}-dlt\"}} 1"),
+        "notificacoes_webhook_seconds_bucket".to_owned(),
+        "notificacoes_webhook_total{resultado=\"falha_temporaria\"}".to_owned(),
+        format!("kafka_consumer_lag{{group=\"{group}-retry-4000\""),
+    ] {
+        assert!(metrics.contains(&expected), "{expected} missing from /metrics");
+    }
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_error_is_dead_lettered_after_one_call_and_garbage_after_none() {
+    let running = Running::start(2_000).await;
+    let event = running.settle("CC-003").await;
+    running.receiver.script(event, &[Reply::Status(400)]);
+    running.wait_calls(event, 1, Duration::from_secs(20)).await;
+    running.publish(topics::SETTLED, "CC-003", b"{not json".to_vec()).await;
+
+    let letters = running.dead_letters(2).await;
+    let by_message: Vec<&[u8]> =
+        letters.iter().map(|letter| header(letter, "kafka_exception-fqcn")).collect();
+    assert!(by_message.contains(&&b"notifications::webhook::ClientError"[..]), "{by_message:?}");
+    assert!(by_message.contains(&&b"notifications::notifier::MalformedEvent"[..]), "{by_message:?}");
+    let garbage =
+        letters.iter().find(|letter| letter.payload() == Some(&b"{not json"[..])).expect("garbage letter");
+    assert_eq!(decode_int(header(garbage, "retry_topic-attempts")), Ok(1));
+    // nothing more: one call for the 400, none for the garbage
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(running.receiver.calls_for(event).len(), 1);
+    assert_eq!(running.receiver.calls().len(), 1);
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_that_does_not_answer_in_time_is_retried() {
+    let running = Running::start(300).await;
+    let event = running.settle("CC-004").await;
+    running.receiver.script(event, &[Reply::After(Duration::from_secs(3), 200), Reply::Status(200)]);
+    let calls = running.wait_calls(event, 2, Duration::from_secs(20)).await;
+    assert!(gap(&calls, 0) >= Duration::from_millis(1300), "retried after {:?}", gap(&calls, 0));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(running.receiver.calls_for(event).len(), 2);
+    let metrics = running.metrics().await;
+    assert!(metrics.contains("notificacoes_webhook_total{resultado=\"entregue\"}"), "{metrics}");
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_notification_is_not_held_up_by_failing_ones() {
+    let running = Running::start(2_000).await;
+    running.receiver.answer_by_default(Reply::Status(503));
+    // failing notifications on every partition, all of them working through the retry topics
+    let mut failing = Vec::new();
+    for n in 0..30 {
+        failing.push(running.settle(&format!("CC-{:03}", n % 10)).await);
+    }
+    running.wait_calls(failing[29], 2, Duration::from_secs(20)).await;
+
+    let healthy = Uuid::new_v4();
+    running.receiver.script(healthy, &[Reply::Status(200)]);
+    let payload = json!({"eventoId": healthy, "transferenciaId": Uuid::new_v4(), "liquidadaEm": "2026-12-04T10:00:00Z"});
+    let sent = Instant::now();
+    // same keys (so the same partitions) as the failing ones
+    running.publish(topics::SETTLED, "CC-000", payload.to_string().into_bytes()).await;
+    let calls = running.wait_calls(healthy, 1, Duration::from_secs(10)).await;
+    let latency = calls[0].at.duration_since(sent);
+    assert!(latency < Duration::from_secs(1), "the healthy notification took {latency:?}");
+    eprintln!("healthy notification delivered {latency:?} after it was produced, among 30 failing ones");
+
+    // and the failing ones still made all their attempts on schedule
+    for event in &failing {
+        running.wait_calls(*event, 4, Duration::from_secs(40)).await;
+    }
+    running.dead_letters(30).await;
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_notifications_are_delivered_once_each() {
+    let running = Running::start(2_000).await;
+    let count = 2_000;
+    let started = Instant::now();
+    let mut events = Vec::with_capacity(count);
+    for n in 0..count {
+        events.push(Uuid::new_v4());
+        let payload = json!({"eventoId": events[n], "transferenciaId": Uuid::new_v4(), "liquidadaEm": "2026-12-04T10:00:00Z"});
+        let record = OutgoingRecord::new(
+            running.topics.topic(topics::SETTLED),
+            format!("CC-{:03}", n % 50),
+            payload.to_string().into_bytes(),
+        );
+        // sends pipelined: the producer batches them
+        let producer = running.producer.clone();
+        tokio::spawn(async move { producer.send(&record).await.expect("publish") });
+    }
+    testkit::eventually("every notification", Duration::from_secs(60), || async {
+        (running.receiver.calls().len() >= count).then_some(())
+    })
+    .await;
+    let elapsed = started.elapsed();
+    let calls = running.receiver.calls();
+    let mut keys: Vec<String> = calls.iter().filter_map(|call| call.idempotency_key.clone()).collect();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), count, "each event delivered");
+    eprintln!(
+        "{count} notifications delivered in {elapsed:?} ({:.0}/s) with a debug build",
+        count as f64 / elapsed.as_secs_f64()
+    );
+    running.stop().await;
+}

@@ -121,6 +121,12 @@ pub async fn start(
             .map_err(|source| Error::Bind { address: args.listen.to_string(), source })?;
     tracker.spawn(serve);
     tracker.spawn(kafka::lag::report(consumer.clone(), group, shutdown.clone()));
+    tracker.spawn(kafka::dlt::report_retained(
+        kafka.clone(),
+        vec![topics::dead_letter_topic(&input)],
+        kafka::lag::REFRESH_INTERVAL,
+        shutdown.clone(),
+    ));
     tracker.spawn(async move {
         if let Err(error) = kafka::consumer::run(consumer, analyser, options, shutdown).await {
             tracing::error!(error = %kafka::consumer::error_chain(&error), "antifraude stopped");

@@ -182,6 +182,12 @@ pub async fn start(
         &[&input],
     )?;
     tracker.spawn(kafka::lag::report(consumer.clone(), group.clone(), shutdown.clone()));
+    tracker.spawn(kafka::dlt::report_retained(
+        kafka.clone(),
+        vec![topics::dead_letter_topic(&input)],
+        kafka::lag::REFRESH_INTERVAL,
+        shutdown.clone(),
+    ));
     let retry = args.retry_policy();
     tracing::info!(
         group,

@@ -150,6 +150,12 @@ pub async fn start(
         &[&settled, &rejected],
     )?;
     tracker.spawn(kafka::lag::report(consumer.clone(), group.clone(), shutdown.clone()));
+    tracker.spawn(kafka::dlt::report_retained(
+        kafka.clone(),
+        vec![topics::dead_letter_topic(&settled), topics::dead_letter_topic(&rejected)],
+        kafka::lag::REFRESH_INTERVAL,
+        shutdown.clone(),
+    ));
     let projection =
         projection::Projection::new(pool.clone(), settled, DeadLetterPublisher::new(producer.clone(), group));
     {

@@ -186,19 +186,10 @@ async fn next_batch(consumer: &KafkaConsumer, options: &LoopOptions) -> Result<V
     fill(consumer, first, options.batch_records_max, options.batch_wait_max).await
 }
 
-/// Waits for one record, then takes more until `records_max` or `wait_max` after the first.
-/// Unlike the loop's own batches, never stores the position while idle: for consumers that
-/// hold records back (retry topics), the position runs ahead of what was handled.
-pub async fn next_batch_of(
-    consumer: &KafkaConsumer,
-    records_max: usize,
-    wait_max: Duration,
-) -> Result<Vec<OwnedMessage>, Error> {
-    let first = receive(consumer).await?;
-    fill(consumer, first, records_max, wait_max).await
-}
-
-async fn fill(
+/// Takes more records after `first` until `records_max` or `wait_max` after it. Not
+/// cancel-safe: records taken are lost if the future is dropped, so never race it in a
+/// `select!` (race [`receive`] for the first record instead, which is).
+pub(crate) async fn fill(
     consumer: &KafkaConsumer,
     first: OwnedMessage,
     records_max: usize,
@@ -216,8 +207,9 @@ async fn fill(
     Ok(batch)
 }
 
-/// The next record; transient client errors are logged and waited out.
-async fn receive(consumer: &KafkaConsumer) -> Result<OwnedMessage, Error> {
+/// The next record; transient client errors are logged and waited out. Cancel-safe: a record
+/// is taken from the consumer only when this returns it.
+pub(crate) async fn receive(consumer: &KafkaConsumer) -> Result<OwnedMessage, Error> {
     loop {
         match consumer.recv().await {
             Ok(message) => return Ok(message.detach()),

@@ -306,8 +306,11 @@ impl<A: Attempt> StageRunner<A> {
                 biased;
                 _ = shutdown.cancelled() => return Ok(()),
                 _ = sleep_until_opt(wake), if wake.is_some() => self.take_due(),
-                batch = crate::consumer::next_batch_of(&self.consumer, self.options.batch_records_max, self.options.batch_wait_max) => {
-                    self.sort(batch?)
+                // only the first record is raced: once one is taken, the batch is filled to
+                // the end (a dropped half-filled batch would lose the records it holds)
+                first = crate::consumer::receive(&self.consumer) => {
+                    let batch = crate::consumer::fill(&self.consumer, first?, self.options.batch_records_max, self.options.batch_wait_max).await?;
+                    self.sort(batch)
                 }
             };
             if ready.is_empty() {
@@ -338,9 +341,13 @@ impl<A: Attempt> StageRunner<A> {
             let key = (record.topic().to_owned(), record.partition());
             if let Some(queue) = self.held.get_mut(&key) {
                 // a partition re-assigned after a rebalance starts again from its committed
-                // offset: a record already held is not held twice
+                // offset, unpaused: a record already held is not held twice, and the
+                // partition is paused again
                 if queue.back().is_none_or(|last| last.offset() < record.offset()) {
                     queue.push_back(record);
+                }
+                if !to_pause.contains(&key) {
+                    to_pause.push(key);
                 }
                 continue;
             }
@@ -376,6 +383,7 @@ impl<A: Attempt> StageRunner<A> {
             // a revoked partition's records are its new owner's: redelivered from the commit
             if let Some(assigned) = &assigned {
                 if assigned.find_partition(&key.0, key.1).is_none() {
+                    to_resume.push(key.clone()); // harmless if it is gone, needed if it came back
                     return false;
                 }
             }

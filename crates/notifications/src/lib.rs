@@ -39,7 +39,7 @@ pub struct NotificationsArgs {
     pub listen: SocketAddr,
 
     /// Where each outcome is POSTed; unset, notifications are only logged.
-    #[arg(long = "webhook-url", env = "NOTIFICACOES_WEBHOOK_URL")]
+    #[arg(long = "webhook-url", env = "NOTIFICACOES_WEBHOOK_URL", value_parser = parse_webhook_url)]
     pub webhook_url: Option<reqwest::Url>,
 
     /// Key of the `X-Signature: sha256=<HMAC>` header; unset, requests are not signed.
@@ -53,6 +53,16 @@ pub struct NotificationsArgs {
     /// Most webhook calls in flight per consumer (main and each retry topic).
     #[arg(long = "webhook-concurrency", env = "NOTIFICACOES_WEBHOOK_CONCURRENCY", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1_024))]
     pub concurrency: u32,
+}
+
+/// An absolute `http` or `https` URL.
+fn parse_webhook_url(text: &str) -> Result<reqwest::Url, String> {
+    let url = reqwest::Url::parse(text).map_err(|error| format!("not a URL: {error}"))?;
+    match url.scheme() {
+        "http" | "https" if url.host().is_some() => Ok(url),
+        "http" | "https" => Err("the URL names no host".into()),
+        scheme => Err(format!("scheme {scheme} is not http or https")),
+    }
 }
 
 /// Everything a running notifications service needs.
@@ -137,6 +147,20 @@ pub async fn start(
     ));
     tracing::info!(webhook = ?args.webhook_url.as_ref().map(|url| url.as_str()), "notificacoes started");
     Ok(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn webhook_urls_must_be_http_with_a_host() {
+        assert!(parse_webhook_url("http://localhost:9000/hooks").is_ok());
+        assert!(parse_webhook_url("https://example.com/").is_ok());
+        assert!(parse_webhook_url("ftp://example.com/").unwrap_err().contains("not http or https"));
+        assert!(parse_webhook_url("localhost:9000").is_err());
+        assert!(parse_webhook_url("not a url").unwrap_err().contains("not a URL"));
+    }
 }
 
 /// What can stop the service from starting.

@@ -1,0 +1,87 @@
+//! A retry stage against the real broker: records wait for their backoff timestamp with only
+//! their partition paused, and none is lost or processed early while others stream in.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rdkafka::message::{Message, OwnedMessage};
+use tokio_util::sync::CancellationToken;
+
+use contracts::headers::{encode_big_integer, retry};
+use kafka::config::{consumer_config, producer_config, OffsetCommit};
+use kafka::producer::{OutgoingRecord, Producer};
+use kafka::retry_topic::{now_ms, Attempt, Chain, Stage, StageOptions, Verdict};
+use testkit::{eventually, unique, TestTopics};
+
+/// Records every attempt: payload → (when it was due, when it ran).
+#[derive(Default)]
+struct Recorder {
+    attempts: Mutex<HashMap<String, Vec<(i64, i64)>>>,
+}
+
+impl Attempt for Recorder {
+    async fn attempt(&self, record: &OwnedMessage) -> Verdict {
+        let due = kafka::retry_topic::due_at_ms(record).unwrap_or(0);
+        let payload = String::from_utf8_lossy(record.payload().unwrap_or_default()).into_owned();
+        self.attempts.lock().expect("lock").entry(payload).or_default().push((due, now_ms()));
+        Verdict::Done
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_records_are_neither_lost_nor_early_while_others_stream_in() {
+    testkit::init_logs();
+    let topics = TestTopics::create(&["stage-retry-1000"], 3).await;
+    let topic = topics.topic("stage-retry-1000");
+    let group = unique("stage");
+    let stage = Stage {
+        attempt: 2,
+        group: group.clone(),
+        sources: vec![(topic.clone(), topics.topic("stage"))],
+        waits_for_backoff: true,
+    };
+    let consumer = kafka::consumer::subscribe(
+        &consumer_config(&topics.args, "test", &group, OffsetCommit::StoredAfterHandling),
+        &[&topic],
+    )
+    .expect("consumer");
+    let producer = Producer::new(&producer_config(&topics.args, "test", Duration::ZERO)).expect("producer");
+    let recorder = Arc::new(Recorder::default());
+    let shutdown = CancellationToken::new();
+    // long batches: a timer of a held record fires while a batch is being filled
+    let options = StageOptions { batch_wait_max: Duration::from_millis(150), ..StageOptions::default() };
+    let run = tokio::spawn(kafka::retry_topic::run(
+        consumer,
+        recorder.clone(),
+        producer.clone(),
+        Chain { delays_ms: vec![1000] },
+        stage,
+        options,
+        shutdown.clone(),
+    ));
+
+    // 1 500 records over 3 s, each due 100–600 ms after it is sent, on three partitions
+    let count = 1_500;
+    for n in 0..count {
+        let due = now_ms() + 100 + (n as i64 * 37) % 500;
+        let record = OutgoingRecord::new(&topic, format!("k{}", n % 30), format!("r{n}"))
+            .header(retry::BACKOFF_TIMESTAMP, encode_big_integer(due));
+        let producer = producer.clone();
+        tokio::spawn(async move { producer.send(&record).await.expect("publish") });
+        if n % 25 == 24 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let attempts = eventually("every record attempted", Duration::from_secs(30), || async {
+        let attempts = recorder.attempts.lock().expect("lock").clone();
+        (attempts.len() == count).then_some(attempts)
+    })
+    .await;
+    let early: Vec<_> = attempts.iter().filter(|(_, runs)| runs.iter().any(|(due, ran)| ran < due)).collect();
+    assert!(early.is_empty(), "{} records ran before they were due: {:?}", early.len(), early.first());
+    let repeated = attempts.values().filter(|runs| runs.len() > 1).count();
+    assert_eq!(repeated, 0, "records attempted more than once without a failure or restart");
+    shutdown.cancel();
+    run.await.expect("stage task").expect("stage");
+}

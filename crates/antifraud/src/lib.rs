@@ -33,29 +33,46 @@ use kafka::{KafkaArgs, Profile, TopicArgs};
 #[derive(Debug, Clone, clap::Args)]
 pub struct AntifraudArgs {
     /// Address of `/healthz`, `/readyz` and `/metrics`.
-    #[arg(long = "antifraude-listen", env = "ANTIFRAUDE_LISTEN", default_value = "0.0.0.0:8082")]
+    #[arg(
+        id = "antifraude_listen",
+        value_name = "LISTEN",
+        long = "antifraude-listen",
+        env = "ANTIFRAUDE_LISTEN",
+        default_value = "0.0.0.0:8082"
+    )]
     pub listen: SocketAddr,
 
     /// Transfers of this many cents or more score at least 80 and are blocked.
-    #[arg(long, env = "ANTIFRAUDE_BLOQUEIO_CENTAVOS", default_value_t = scoring::DEFAULT_BLOCK_THRESHOLD_CENTS, value_parser = clap::value_parser!(i64).range(1..))]
+    #[arg(id = "antifraude_block_threshold_cents", value_name = "BLOCK_THRESHOLD_CENTS", long = "block-threshold-cents", env = "ANTIFRAUDE_BLOQUEIO_CENTAVOS", default_value_t = scoring::DEFAULT_BLOCK_THRESHOLD_CENTS, value_parser = clap::value_parser!(i64).range(1..))]
     pub block_threshold_cents: i64,
 
     /// Prefix of the stable `transactional.id`; the instance id follows it.
-    #[arg(long, env = "TRANSACTIONAL_ID_PREFIX", default_value = "tx-antifraude-")]
+    #[arg(
+        id = "antifraude_transactional_id_prefix",
+        value_name = "TRANSACTIONAL_ID_PREFIX",
+        long = "transactional-id-prefix",
+        env = "TRANSACTIONAL_ID_PREFIX",
+        default_value = "tx-antifraude-"
+    )]
     pub transactional_id_prefix: String,
 
     /// This instance's id (default: the host name): keep it stable across restarts so a new
     /// process fences its predecessor's unfinished transaction at once.
-    #[arg(long, env = "PAGAMENTOS_INSTANCE_ID")]
+    #[arg(
+        id = "antifraude_instance_id",
+        value_name = "INSTANCE_ID",
+        long = "instance-id",
+        env = "PAGAMENTOS_INSTANCE_ID"
+    )]
     pub instance_id: Option<String>,
 
     /// Most records in one transaction (`fast` profile; `reference` uses 1).
-    #[arg(long, env = "ANTIFRAUDE_BATCH_RECORDS", default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    #[arg(id = "antifraude_batch_records", value_name = "BATCH_RECORDS", long = "batch-records", env = "ANTIFRAUDE_BATCH_RECORDS", default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub batch_records: u32,
 
     /// How long a transaction keeps collecting records after the first, in milliseconds (0:
     /// only what was already fetched; records arriving during a commit form the next batch).
-    #[arg(long, env = "ANTIFRAUDE_BATCH_WAIT_MS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000))]
+    #[arg(id = "antifraude_batch_wait_ms", value_name = "BATCH_WAIT_MS", long = "batch-wait-ms", env = "ANTIFRAUDE_BATCH_WAIT_MS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000))]
     pub batch_wait_ms: u64,
 }
 

@@ -51,11 +51,19 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 #[derive(Debug, Clone, clap::Args)]
 pub struct LedgerArgs {
     /// Address the accounts API (and health, metrics) listens on.
-    #[arg(long = "ledger-listen", env = "LEDGER_LISTEN", default_value = "0.0.0.0:8081")]
+    #[arg(
+        id = "ledger_listen",
+        value_name = "LISTEN",
+        long = "ledger-listen",
+        env = "LEDGER_LISTEN",
+        default_value = "0.0.0.0:8081"
+    )]
     pub listen: SocketAddr,
 
     /// PostgreSQL URL of the ledger database.
     #[arg(
+        id = "ledger_database_url",
+        value_name = "DATABASE_URL",
         long = "ledger-database-url",
         env = "LEDGER_DATABASE_URL",
         default_value = "postgres://pagamentos:pagamentos@localhost:5432/ledger",
@@ -64,42 +72,54 @@ pub struct LedgerArgs {
     pub database_url: String,
 
     /// Most connections in the ledger database pool.
-    #[arg(long = "ledger-database-connections", env = "LEDGER_DATABASE_CONNECTIONS", default_value_t = 16, value_parser = clap::value_parser!(u32).range(2..=200))]
+    #[arg(id = "ledger_database_connections", value_name = "DATABASE_CONNECTIONS", long = "ledger-database-connections", env = "LEDGER_DATABASE_CONNECTIONS", default_value_t = 16, value_parser = clap::value_parser!(u32).range(2..=200))]
     pub database_connections: u32,
 
     /// Most transfers settled in one database transaction (`fast` profile; `reference`
     /// settles one per transaction).
-    #[arg(long, env = "LEDGER_BATCH_RECORDS", default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    #[arg(id = "ledger_ledger_batch_records", value_name = "LEDGER_BATCH_RECORDS", long = "ledger-batch-records", env = "LEDGER_BATCH_RECORDS", default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub ledger_batch_records: u32,
 
     /// How long a batch waits for more records after its first, in milliseconds (0: what the
     /// poll already fetched).
-    #[arg(long, env = "LEDGER_BATCH_WAIT_MS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000))]
+    #[arg(id = "ledger_ledger_batch_wait_ms", value_name = "LEDGER_BATCH_WAIT_MS", long = "ledger-batch-wait-ms", env = "LEDGER_BATCH_WAIT_MS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000))]
     pub ledger_batch_wait_ms: u64,
 
     /// First pause before retrying a transfer that failed transiently, in milliseconds; it
     /// doubles on every retry.
-    #[arg(long, env = "LEDGER_RETRY_INITIAL_MS", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    #[arg(id = "ledger_ledger_retry_initial_ms", value_name = "LEDGER_RETRY_INITIAL_MS", long = "ledger-retry-initial-ms", env = "LEDGER_RETRY_INITIAL_MS", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub ledger_retry_initial_ms: u64,
 
     /// Longest pause between retries, in milliseconds.
-    #[arg(long, env = "LEDGER_RETRY_MAX_MS", default_value_t = 15_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    #[arg(id = "ledger_ledger_retry_max_ms", value_name = "LEDGER_RETRY_MAX_MS", long = "ledger-retry-max-ms", env = "LEDGER_RETRY_MAX_MS", default_value_t = 15_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
     pub ledger_retry_max_ms: u64,
 
     /// Retries of a transiently failing transfer before it goes to the dead-letter topic.
-    #[arg(long, env = "LEDGER_RETRIES", default_value_t = 5, value_parser = clap::value_parser!(u32).range(0..=20))]
+    #[arg(id = "ledger_ledger_retries", value_name = "LEDGER_RETRIES", long = "ledger-retries", env = "LEDGER_RETRIES", default_value_t = 5, value_parser = clap::value_parser!(u32).range(0..=20))]
     pub ledger_retries: u32,
 
     /// How long published outbox rows are kept before they are deleted, in seconds.
-    #[arg(long = "ledger-outbox-retention-seconds", env = "OUTBOX_RETENTION_SECONDS", default_value_t = 86_400, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(id = "ledger_outbox_retention_seconds", value_name = "OUTBOX_RETENTION_SECONDS", long = "ledger-outbox-retention-seconds", env = "OUTBOX_RETENTION_SECONDS", default_value_t = 86_400, value_parser = clap::value_parser!(u64).range(1..))]
     pub outbox_retention_seconds: u64,
 
     /// When set, the API requires `Authorization: Bearer <token>`.
-    #[arg(long = "ledger-api-token", env = "PAGAMENTOS_API_TOKEN", hide_env_values = true)]
+    #[arg(
+        id = "ledger_api_token",
+        value_name = "API_TOKEN",
+        long = "ledger-api-token",
+        env = "PAGAMENTOS_API_TOKEN",
+        hide_env_values = true
+    )]
     pub api_token: Option<String>,
 
     /// Accepted wherever the API token is; when set, creating accounts and deposits need it.
-    #[arg(long = "ledger-admin-token", env = "PAGAMENTOS_ADMIN_TOKEN", hide_env_values = true)]
+    #[arg(
+        id = "ledger_admin_token",
+        value_name = "ADMIN_TOKEN",
+        long = "ledger-admin-token",
+        env = "PAGAMENTOS_ADMIN_TOKEN",
+        hide_env_values = true
+    )]
     pub admin_token: Option<String>,
 }
 

@@ -35,23 +35,35 @@ use kafka::{KafkaArgs, Profile, TopicArgs};
 #[derive(Debug, Clone, clap::Args)]
 pub struct NotificationsArgs {
     /// Address of `/healthz`, `/readyz` and `/metrics`.
-    #[arg(long = "notificacoes-listen", env = "NOTIFICACOES_LISTEN", default_value = "0.0.0.0:8083")]
+    #[arg(
+        id = "notificacoes_listen",
+        value_name = "LISTEN",
+        long = "notificacoes-listen",
+        env = "NOTIFICACOES_LISTEN",
+        default_value = "0.0.0.0:8083"
+    )]
     pub listen: SocketAddr,
 
     /// Where each outcome is POSTed; unset, notifications are only logged.
-    #[arg(long = "webhook-url", env = "NOTIFICACOES_WEBHOOK_URL", value_parser = parse_webhook_url)]
+    #[arg(id = "notificacoes_webhook_url", value_name = "WEBHOOK_URL", long = "webhook-url", env = "NOTIFICACOES_WEBHOOK_URL", value_parser = parse_webhook_url)]
     pub webhook_url: Option<reqwest::Url>,
 
     /// Key of the `X-Signature: sha256=<HMAC>` header; unset, requests are not signed.
-    #[arg(long = "webhook-secret", env = "NOTIFICACOES_WEBHOOK_SECRET", hide_env_values = true)]
+    #[arg(
+        id = "notificacoes_webhook_secret",
+        value_name = "WEBHOOK_SECRET",
+        long = "webhook-secret",
+        env = "NOTIFICACOES_WEBHOOK_SECRET",
+        hide_env_values = true
+    )]
     pub webhook_secret: Option<String>,
 
     /// A webhook call (connection included) that takes longer fails and is retried, in ms.
-    #[arg(long = "webhook-timeout-ms", env = "NOTIFICACOES_WEBHOOK_TIMEOUT_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..=120_000))]
+    #[arg(id = "notificacoes_webhook_timeout_ms", value_name = "WEBHOOK_TIMEOUT_MS", long = "webhook-timeout-ms", env = "NOTIFICACOES_WEBHOOK_TIMEOUT_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..=120_000))]
     pub webhook_timeout_ms: u64,
 
     /// Most webhook calls in flight per consumer (main and each retry topic).
-    #[arg(long = "webhook-concurrency", env = "NOTIFICACOES_WEBHOOK_CONCURRENCY", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1_024))]
+    #[arg(id = "notificacoes_concurrency", value_name = "CONCURRENCY", long = "webhook-concurrency", env = "NOTIFICACOES_WEBHOOK_CONCURRENCY", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1_024))]
     pub concurrency: u32,
 }
 

@@ -59,6 +59,38 @@ pub struct NotificationsCommand {
     common: CommonArgs,
 }
 
+/// `pagamentos all`: every service's options, one set of common ones.
+#[derive(Debug, clap::Args)]
+pub struct AllCommand {
+    #[command(flatten)]
+    transfers: transfers::TransfersArgs,
+
+    #[command(flatten)]
+    ledger: ledger::LedgerArgs,
+
+    #[command(flatten)]
+    antifraud: antifraud::AntifraudArgs,
+
+    #[command(flatten)]
+    notifications: notifications::NotificationsArgs,
+
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+/// Which service of `pagamentos all` did not start.
+#[derive(Debug, thiserror::Error)]
+enum AllError {
+    #[error("transferencias did not start")]
+    Transfers(#[source] transfers::Error),
+    #[error("ledger did not start")]
+    Ledger(#[source] ledger::Error),
+    #[error("antifraude did not start")]
+    Antifraud(#[source] antifraud::Error),
+    #[error("notificacoes did not start")]
+    Notifications(#[source] notifications::Error),
+}
+
 /// Starts a service with `start`, then waits for SIGINT/SIGTERM and drains.
 async fn serve<F, E>(
     name: &str,
@@ -122,5 +154,62 @@ pub async fn notifications(command: NotificationsCommand) -> anyhow::Result<Exit
         "notificacoes",
         |token, tracker| async move { notifications::start(settings, token, &tracker).await },
     )
+    .await
+}
+
+/// The four services in one process: one runtime, one telemetry set-up, one shutdown signal
+/// that drains every loop; each service keeps its own port.
+pub async fn all(command: AllCommand) -> anyhow::Result<ExitCode> {
+    let AllCommand {
+        transfers: transfers_args,
+        ledger: ledger_args,
+        antifraud: antifraud_args,
+        notifications: notifications_args,
+        common,
+    } = command;
+    serve("all", |token, tracker| async move {
+        let CommonArgs { kafka, topics, profile } = common;
+        // downstream first, so nothing the upstream services publish waits for a consumer
+        let ledger = ledger::start(
+            ledger::Settings { args: ledger_args, kafka: kafka.clone(), topics: topics.clone(), profile },
+            token.clone(),
+            &tracker,
+        )
+        .await
+        .map_err(AllError::Ledger)?;
+        let notifications = notifications::start(
+            notifications::Settings {
+                args: notifications_args,
+                kafka: kafka.clone(),
+                topics: topics.clone(),
+                profile,
+            },
+            token.clone(),
+            &tracker,
+        )
+        .await
+        .map_err(AllError::Notifications)?;
+        let antifraud = antifraud::start(
+            antifraud::Settings {
+                args: antifraud_args,
+                kafka: kafka.clone(),
+                topics: topics.clone(),
+                profile,
+            },
+            token.clone(),
+            &tracker,
+        )
+        .await
+        .map_err(AllError::Antifraud)?;
+        let transfers = transfers::start(
+            transfers::Settings { args: transfers_args, kafka, topics, profile },
+            token.clone(),
+            &tracker,
+        )
+        .await
+        .map_err(AllError::Transfers)?;
+        tracing::info!(%transfers, %ledger, %antifraud, %notifications, ?profile, "pagamentos all started");
+        Ok::<_, AllError>(transfers)
+    })
     .await
 }

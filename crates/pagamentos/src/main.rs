@@ -49,7 +49,7 @@ enum Command {
     /// All four services in one process (the local and demo default), each on its own port:
     /// transferencias 8080, ledger 8081, antifraude 8082, notificacoes 8083; one shutdown
     /// signal drains them all.
-    All(services::AllCommand),
+    All(Box<services::AllCommand>),
     /// Notifications: one webhook per outcome event, non-blocking retry topics, then the
     /// dead-letter topic (health on 8083).
     Notificacoes(services::NotificationsCommand),
@@ -131,7 +131,7 @@ fn main() -> ExitCode {
             Command::Ledger(args) => services::ledger(args).await,
             Command::Verify(args) => verify::run(args).await,
             Command::Notificacoes(args) => services::notifications(args).await,
-            Command::All(args) => services::all(args).await,
+            Command::All(args) => services::all(*args).await,
             Command::Dlt(args) => dlt::run(args).await,
         }
     });

@@ -1,0 +1,244 @@
+//! The whole system as `pagamentos all` runs it, end to end on the real stack: transfers reach
+//! their final status through all four services, the books stay provably balanced, and a
+//! SIGTERM under load loses and doubles nothing.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::process::{Child, Command};
+
+use testkit::{TestDatabase, TestTopics};
+
+/// A free local port (bound, read, released: the service binds it a moment later).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port()
+}
+
+struct System {
+    topics: TestTopics,
+    transfers_db: TestDatabase,
+    ledger_db: TestDatabase,
+    ports: [u16; 4],
+    http: reqwest::Client,
+}
+
+impl System {
+    async fn new() -> Self {
+        testkit::init_logs();
+        let topics = TestTopics::plan(3).await;
+        let transfers_db = TestDatabase::empty().await;
+        let ledger_db = TestDatabase::empty().await;
+        let ports = [free_port(), free_port(), free_port(), free_port()];
+        Self { topics, transfers_db, ledger_db, ports, http: reqwest::Client::new() }
+    }
+
+    fn env(&self, command: &mut Command) {
+        command
+            .env("TRANSFERENCIAS_DATABASE_URL", &self.transfers_db.url)
+            .env("LEDGER_DATABASE_URL", &self.ledger_db.url)
+            .env("TRANSFERENCIAS_DATABASE_CONNECTIONS", "4")
+            .env("LEDGER_DATABASE_CONNECTIONS", "4")
+            .env("TRANSFERENCIAS_LISTEN", format!("127.0.0.1:{}", self.ports[0]))
+            .env("LEDGER_LISTEN", format!("127.0.0.1:{}", self.ports[1]))
+            .env("ANTIFRAUDE_LISTEN", format!("127.0.0.1:{}", self.ports[2]))
+            .env("NOTIFICACOES_LISTEN", format!("127.0.0.1:{}", self.ports[3]))
+            .env("PAGAMENTOS_INSTANCE_ID", testkit::unique("all"));
+    }
+
+    /// Starts `pagamentos all` and waits until every service is ready.
+    async fn start(&self) -> Child {
+        let mut command = common::service(&self.topics, "all");
+        self.env(&mut command);
+        let child = command.spawn().expect("start pagamentos all");
+        for port in self.ports {
+            let url = format!("http://127.0.0.1:{port}/readyz");
+            testkit::eventually(&format!("{url} ready"), Duration::from_secs(60), || async {
+                let response = self.http.get(&url).send().await.ok()?;
+                response.status().is_success().then_some(())
+            })
+            .await;
+        }
+        child
+    }
+
+    fn api(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.ports[0])
+    }
+
+    fn ledger(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.ports[1])
+    }
+
+    async fn open_account(&self, id: &str, cents: i64) {
+        let response = self
+            .http
+            .post(self.ledger("/contas"))
+            .json(&json!({"id": id, "moeda": "BRL", "saldoInicialCentavos": cents}))
+            .send()
+            .await
+            .expect("POST /contas");
+        assert_eq!(response.status(), 201, "{}", response.text().await.unwrap_or_default());
+    }
+
+    /// POSTs a transfer; its id when accepted.
+    async fn transfer(&self, from: &str, to: &str, cents: i64) -> Option<String> {
+        let response = self
+            .http
+            .post(self.api("/transferencias"))
+            .json(&json!({"contaOrigem": from, "contaDestino": to, "valorEmCentavos": cents, "moeda": "BRL"}))
+            .send()
+            .await
+            .ok()?;
+        if response.status() != 202 {
+            return None;
+        }
+        let body: Value = response.json().await.ok()?;
+        body["id"].as_str().map(str::to_owned)
+    }
+
+    async fn final_status(&self, id: &str) -> (String, Value) {
+        testkit::eventually(&format!("transfer {id} final"), Duration::from_secs(60), || async {
+            let body: Value = self
+                .http
+                .get(self.api(&format!("/transferencias/{id}")))
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            let status = body["status"].as_str()?.to_owned();
+            (status != "PENDENTE").then(|| (status, body["motivoRejeicao"].clone()))
+        })
+        .await
+    }
+
+    async fn balance(&self, account: &str) -> i64 {
+        let body: Value = self
+            .http
+            .get(self.ledger(&format!("/contas/{account}")))
+            .send()
+            .await
+            .expect("GET /contas")
+            .json()
+            .await
+            .expect("account");
+        body["saldoCentavos"].as_i64().expect("saldoCentavos")
+    }
+
+    /// `pagamentos verify` on the system's databases: (exit code, report).
+    async fn verify(&self) -> (i32, String) {
+        let output = Command::new(env!("CARGO_BIN_EXE_pagamentos"))
+            .arg("verify")
+            .env("TRANSFERENCIAS_DATABASE_URL", &self.transfers_db.url)
+            .env("LEDGER_DATABASE_URL", &self.ledger_db.url)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .output()
+            .await
+            .expect("run verify");
+        let report =
+            format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        (output.status.code().unwrap_or(-1), report)
+    }
+}
+
+async fn terminate(child: &mut Child) -> std::process::ExitStatus {
+    let pid = child.id().expect("pid").to_string();
+    let status = Command::new("kill").args(["-TERM", &pid]).status().await.expect("kill -TERM");
+    assert!(status.success());
+    tokio::time::timeout(Duration::from_secs(40), child.wait())
+        .await
+        .expect("exits within the drain deadline")
+        .expect("wait")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_and_both_kinds_of_rejection_end_to_end() {
+    let system = System::new().await;
+    let mut all = system.start().await;
+    system.open_account("E2E-A", 20_000_000).await;
+    system.open_account("E2E-B", 0).await;
+
+    let settled = system.transfer("E2E-A", "E2E-B", 12_345).await.expect("accepted");
+    let blocked = system.transfer("E2E-A", "E2E-B", 15_000_000).await.expect("accepted");
+    let short = system.transfer("E2E-B", "E2E-A", 5_000_000).await.expect("accepted");
+
+    assert_eq!(system.final_status(&settled).await, ("LIQUIDADA".to_owned(), Value::Null));
+    assert_eq!(system.final_status(&blocked).await, ("REJEITADA".to_owned(), json!("BLOQUEADA_ANTIFRAUDE")));
+    assert_eq!(system.final_status(&short).await, ("REJEITADA".to_owned(), json!("SALDO_INSUFICIENTE")));
+    assert_eq!(system.balance("E2E-A").await, 20_000_000 - 12_345);
+    assert_eq!(system.balance("E2E-B").await, 12_345);
+
+    let status = terminate(&mut all).await;
+    assert!(status.success(), "pagamentos all exited with {status}");
+    let (code, report) = system.verify().await;
+    assert_eq!(code, 0, "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_under_load_loses_and_doubles_nothing() {
+    let system = System::new().await;
+    let mut all = system.start().await;
+    const ACCOUNTS: usize = 20;
+    const OPENING: i64 = 1_000_000;
+    for n in 0..ACCOUNTS {
+        system.open_account(&format!("LOAD-{n:02}"), OPENING).await;
+    }
+
+    // 600 transfers at about 150/s; SIGTERM lands in the middle, then the system restarts
+    let sender = {
+        let http = system.http.clone();
+        let url = system.api("/transferencias");
+        tokio::spawn(async move {
+            let mut accepted = Vec::new();
+            let mut refused = 0;
+            for n in 0..600usize {
+                let body = json!({"contaOrigem": format!("LOAD-{:02}", n % ACCOUNTS),
+                    "contaDestino": format!("LOAD-{:02}", (n * 7 + 3) % ACCOUNTS), "valorEmCentavos": 100 + n as i64, "moeda": "BRL"});
+                if n % ACCOUNTS == (n * 7 + 3) % ACCOUNTS {
+                    continue; // same account on both sides: not a transfer
+                }
+                match http.post(&url).json(&body).send().await {
+                    Ok(response) if response.status() == 202 => {
+                        let body: Value = response.json().await.expect("body");
+                        accepted.push(body["id"].as_str().expect("id").to_owned());
+                    }
+                    _ => refused += 1,
+                }
+                tokio::time::sleep(Duration::from_millis(6)).await;
+            }
+            (accepted, refused)
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let status = terminate(&mut all).await;
+    assert!(status.success(), "pagamentos all exited with {status} after SIGTERM");
+    let mut all = system.start().await;
+    let (accepted, refused) = sender.await.expect("sender");
+    assert!(accepted.len() > 100, "only {} accepted", accepted.len());
+
+    let mut settled = 0;
+    for id in &accepted {
+        if system.final_status(id).await.0 == "LIQUIDADA" {
+            settled += 1;
+        }
+    }
+    let mut total = 0;
+    for n in 0..ACCOUNTS {
+        total += system.balance(&format!("LOAD-{n:02}")).await;
+    }
+    assert_eq!(total, OPENING * ACCOUNTS as i64, "money was created or destroyed");
+    let (code, report) = system.verify().await;
+    assert_eq!(code, 0, "{report}");
+    eprintln!(
+        "{} transfers accepted ({} refused while the system restarted), {} settled, all final; verify clean",
+        accepted.len(),
+        refused,
+        settled
+    );
+    assert!(terminate(&mut all).await.success());
+}

@@ -103,11 +103,15 @@ impl PendingEvent {
         let mut record = OutgoingRecord::new(&self.topico, self.chave.as_bytes(), self.payload.as_bytes())
             .header(EVENT_ID, self.id.hyphenated().to_string())
             .header(EVENT_TYPE, self.tipo.as_bytes());
-        if let Some(traceparent) = &self.traceparent {
-            record = record.header(TRACEPARENT, traceparent.as_bytes());
-        }
-        if let Some(tracestate) = &self.tracestate {
-            record = record.header(TRACESTATE, tracestate.as_bytes());
+        let Some(traceparent) = &self.traceparent else { return record };
+        // the relay's hop: a span in the row's trace, whose context the record carries on
+        let span = tracing::info_span!("outbox.publish", evento_id = %self.id, evento_tipo = %self.tipo, topic = %self.topico);
+        telemetry::context::continue_from(&span, Some(traceparent), self.tracestate.as_deref());
+        let mut context = telemetry::context::inject(&span);
+        let traceparent = context.remove("traceparent").unwrap_or_else(|| traceparent.clone());
+        record = record.header(TRACEPARENT, traceparent.into_bytes());
+        if let Some(tracestate) = context.remove("tracestate").or_else(|| self.tracestate.clone()) {
+            record = record.header(TRACESTATE, tracestate.into_bytes());
         }
         record
     }

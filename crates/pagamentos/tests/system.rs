@@ -50,8 +50,14 @@ impl System {
 
     /// Starts `pagamentos all` and waits until every service is ready.
     async fn start(&self) -> Child {
+        self.start_with(&[]).await
+    }
+
+    /// [`Self::start`] with more environment.
+    async fn start_with(&self, extra: &[(&str, &str)]) -> Child {
         let mut command = common::service(&self.topics, "all");
         self.env(&mut command);
+        command.envs(extra.iter().copied());
         let child = command.spawn().expect("start pagamentos all");
         for port in self.ports {
             let url = format!("http://127.0.0.1:{port}/readyz");
@@ -240,5 +246,111 @@ async fn sigterm_under_load_loses_and_doubles_nothing() {
         refused,
         settled
     );
+    assert!(terminate(&mut all).await.success());
+}
+
+/// The trace id inside a W3C `traceparent` (`00-<trace>-<span>-<flags>`).
+fn trace_id_of(traceparent: &[u8]) -> String {
+    String::from_utf8_lossy(traceparent).split('-').nth(1).unwrap_or_default().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_trace_follows_a_transfer_through_every_hop() {
+    use kafka::rdkafka::message::Message;
+
+    let system = System::new().await;
+    let (collector, endpoint) = testkit::otlp::Collector::start().await;
+    let mut all = system
+        .start_with(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+        ])
+        .await;
+    system.open_account("TRACE-A", 1_000_000).await;
+    system.open_account("TRACE-B", 0).await;
+    // an incoming trace is continued, not replaced
+    let incoming_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let response = system
+        .http
+        .post(system.api("/transferencias"))
+        .header("traceparent", format!("00-{incoming_trace}-00f067aa0ba902b7-01"))
+        .json(&json!({"contaOrigem": "TRACE-A", "contaDestino": "TRACE-B", "valorEmCentavos": 500, "moeda": "BRL"}))
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(response.status(), 202);
+    let id = response.json::<Value>().await.expect("body")["id"].as_str().expect("id").to_owned();
+    assert_eq!(system.final_status(&id).await.0, "LIQUIDADA");
+
+    // every hop exported a span of that one trace, naming the transfer where it knows it
+    let hops = ["outbox.publish", "analyse", "settle", "projecao", "notificacoes.entregar"];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let spans = loop {
+        let spans: Vec<_> =
+            collector.spans().into_iter().filter(|span| span.trace_id == incoming_trace).collect();
+        if hops.iter().all(|hop| spans.iter().any(|span| span.name == *hop)) {
+            break spans;
+        }
+        if tokio::time::Instant::now() > deadline {
+            let all: Vec<(String, String)> =
+                collector.spans().into_iter().map(|span| (span.name, span.trace_id)).collect();
+            panic!("not every hop in trace {incoming_trace}; spans exported: {all:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let names: Vec<&str> = spans.iter().map(|span| span.name.as_str()).collect();
+    assert!(names.contains(&"create"), "no span of the HTTP request: {names:?}");
+    for hop in ["create", "analyse", "settle", "projecao", "notificacoes.entregar"] {
+        let span = spans.iter().find(|span| span.name == hop).expect("hop");
+        assert_eq!(span.attributes.get("transfer_id"), Some(&id), "{hop} names the transfer");
+    }
+    // outbox rows of both databases were published in the trace: the request and the outcome
+    assert!(spans.iter().filter(|span| span.name == "outbox.publish").count() >= 2, "{names:?}");
+    // every span but the request's has its parent in the trace, which continues the caller's
+    let ids: Vec<&str> = spans.iter().map(|span| span.span_id.as_str()).collect();
+    assert!(names.contains(&"http.request"), "{names:?}");
+    let root = spans.iter().find(|span| span.name == "http.request").expect("request span");
+    assert_eq!(root.parent_span_id, "00f067aa0ba902b7", "the request's span continues the caller's");
+    for span in spans.iter().filter(|span| span.name != "http.request") {
+        assert!(ids.contains(&span.parent_span_id.as_str()), "{} has a parent outside the trace", span.name);
+    }
+
+    // and every event of the transfer carries the trace on Kafka
+    let reader = kafka::consumer::subscribe(
+        &kafka::config::consumer_config(
+            &system.topics.args,
+            "test",
+            &testkit::unique("trace-reader"),
+            kafka::config::OffsetCommit::StoredAfterHandling,
+        ),
+        &[
+            &system.topics.topic(contracts::topics::REQUESTED),
+            &system.topics.topic(contracts::topics::ANALYSED),
+            &system.topics.topic(contracts::topics::SETTLED),
+        ],
+    )
+    .expect("reader");
+    let mut seen = std::collections::HashMap::new();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while seen.len() < 3 {
+            let record = reader.recv().await.expect("receive");
+            let payload: Value =
+                serde_json::from_slice(record.payload().unwrap_or_default()).unwrap_or_default();
+            if payload["transferenciaId"] == id.as_str() {
+                let traceparent =
+                    kafka::consumer::header(&record, "traceparent").expect("traceparent").to_vec();
+                seen.insert(record.topic().to_owned(), trace_id_of(&traceparent));
+            }
+        }
+    })
+    .await
+    .expect("the transfer's three events");
+    assert!(seen.values().all(|trace| trace == incoming_trace), "{seen:?}");
+    let name_of =
+        |id: &str| spans.iter().find(|span| span.span_id == id).map_or("(caller)", |span| span.name.as_str());
+    let edges: Vec<String> =
+        spans.iter().map(|span| format!("{} <- {}", span.name, name_of(&span.parent_span_id))).collect();
+    eprintln!("one trace {incoming_trace}: {} spans: {edges:?}", spans.len());
     assert!(terminate(&mut all).await.success());
 }

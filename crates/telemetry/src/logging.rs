@@ -11,6 +11,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer as _;
 
 /// How log lines are written to stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -33,12 +34,49 @@ fn tracer_provider() -> &'static SdkTracerProvider {
             Box::new(TraceContextPropagator::new()),
             Box::new(BaggagePropagator::new()),
         ]));
-        // spans are recorded so that trace context propagates; exporting them over OTLP is
-        // configured by OTEL_EXPORTER_OTLP_ENDPOINT (issue #8)
-        let provider = SdkTracerProvider::builder().build();
+        // spans are always recorded, so trace context propagates; they leave the process only
+        // when OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT) is set
+        let mut builder = SdkTracerProvider::builder()
+            .with_resource(opentelemetry_sdk::Resource::builder().with_service_name("pagamentos").build());
+        if let Some(exporter) = otlp_exporter() {
+            builder = builder.with_batch_exporter(exporter);
+        }
+        let provider = builder.build();
         opentelemetry::global::set_tracer_provider(provider.clone());
         provider
     })
+}
+
+/// The OTLP/HTTP span exporter, when `OTEL_EXPORTER_OTLP_ENDPOINT` or
+/// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set; `OTEL_EXPORTER_OTLP_PROTOCOL` picks
+/// `http/protobuf` (default) or `http/json`. The exporter reads the standard variables itself
+/// (endpoint, headers, timeout); batching follows `OTEL_BSP_*`.
+fn otlp_exporter() -> Option<opentelemetry_otlp::SpanExporter> {
+    use opentelemetry_otlp::{Protocol, WithExportConfig};
+    let configured = ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
+        .iter()
+        .any(|name| std::env::var(name).is_ok_and(|value| !value.trim().is_empty()));
+    if !configured {
+        return None;
+    }
+    let protocol = match std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL").as_deref() {
+        Ok("http/json") => Protocol::HttpJson,
+        Ok("grpc") => {
+            eprintln!(
+                "warning: OTEL_EXPORTER_OTLP_PROTOCOL=grpc is not built in; exporting over http/protobuf"
+            );
+            Protocol::HttpBinary
+        }
+        _ => Protocol::HttpBinary,
+    };
+    match opentelemetry_otlp::SpanExporter::builder().with_http().with_protocol(protocol).build() {
+        Ok(exporter) => Some(exporter),
+        Err(error) => {
+            // logging is not set up yet: stderr is all there is
+            eprintln!("warning: OTLP span exporter not created, spans are not exported: {error}");
+            None
+        }
+    }
 }
 
 /// The layer that gives every span an OpenTelemetry context (trace and span ids), for
@@ -54,9 +92,11 @@ where
 /// lines in `format`, and an OpenTelemetry layer so spans carry W3C trace ids. Safe to call
 /// more than once: later calls keep the first set-up.
 pub fn init(service_name: &'static str, format: LogFormat) {
-    let otel = otel_layer(service_name);
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
-    let registry = tracing_subscriber::registry().with(filter).with(otel);
+    // spans reach OpenTelemetry at info and above whatever RUST_LOG says, so quieting the
+    // logs never breaks a trace; RUST_LOG filters only the log lines
+    let otel = otel_layer(service_name).with_filter(tracing_subscriber::filter::LevelFilter::INFO);
+    let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
+    let registry = tracing_subscriber::registry().with(otel);
     let result = match format {
         LogFormat::Json => registry
             .with(
@@ -65,12 +105,13 @@ pub fn init(service_name: &'static str, format: LogFormat) {
                     .flatten_event(true)
                     .with_current_span(true)
                     .with_span_list(false)
-                    .with_writer(std::io::stderr),
+                    .with_writer(std::io::stderr)
+                    .with_filter(filter()),
             )
             .try_init(),
-        LogFormat::Pretty => {
-            registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr)).try_init()
-        }
+        LogFormat::Pretty => registry
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_filter(filter()))
+            .try_init(),
     };
     // a subscriber installed earlier (another test in this process) is fine
     drop(result);
@@ -80,5 +121,6 @@ pub fn init(service_name: &'static str, format: LogFormat) {
 pub fn shutdown() {
     if let Some(provider) = TRACER_PROVIDER.get() {
         drop(provider.force_flush());
+        drop(provider.shutdown());
     }
 }

@@ -10,6 +10,7 @@
 //! - [`feed_requests`]: a stream of `TransferenciaSolicitada` for fault tests.
 //! - [`stack`]: `scripts/stack restart …` for the tests that take the stack away.
 //! - [`webhook`]: a scripted local HTTP receiver for notification tests.
+//! - [`otlp`]: an OTLP/HTTP (JSON) receiver for trace tests.
 //!
 //! The stack's addresses come from `KAFKA_BOOTSTRAP_SERVERS` and `PAGAMENTOS_TEST_DATABASE_URL`
 //! (defaults: the local stack). Tests fail, never skip, when the stack is down.
@@ -17,6 +18,7 @@
 //! # Architecture invariant
 //! Only ever a dev-dependency.
 
+pub mod otlp;
 pub mod webhook;
 
 use std::future::Future;

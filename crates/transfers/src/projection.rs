@@ -77,7 +77,13 @@ impl Handler for Projection {
         let mut poison = Vec::new();
         for record in batch {
             match self.decode(record) {
-                Ok(outcome) => outcomes.push(outcome),
+                Ok(outcome) => {
+                    // the projection's hop in the transfer's trace
+                    let span = tracing::info_span!("projecao", transfer_id = %outcome.transfer_id, topic = record.topic());
+                    kafka::trace::continue_from(&span, record);
+                    span.in_scope(|| tracing::debug!(status = outcome.status.as_str(), "outcome read"));
+                    outcomes.push(outcome)
+                }
                 Err(error) => poison.push((record, error)),
             }
         }

@@ -7,7 +7,8 @@
 //! - [`body`]: [`JsonBody`], the size- and content-type-checked JSON extractor.
 //! - [`auth`]: [`Tokens`], the `authenticate` middleware, the [`Caller`] it leaves behind.
 //! - [`fields`]: account-id and currency rules.
-//! - `observe`: `http_server_request_duration_seconds{method,route,status}`.
+//! - `observe`: `http_server_request_duration_seconds{method,route,status}` and the request's
+//!   span, continuing an incoming `traceparent`.
 
 pub mod auth;
 pub mod body;
@@ -19,12 +20,15 @@ use std::time::Instant;
 use axum::extract::{MatchedPath, Request};
 use axum::middleware::Next;
 use axum::response::Response;
+use tracing::Instrument;
 
 pub use auth::{Caller, Tokens};
 pub use body::JsonBody;
 pub use problem::{ApiError, FieldError};
 
-/// Middleware: `http_server_request_duration_seconds{method, route, status}` for every request.
+/// Middleware: `http_server_request_duration_seconds{method, route, status}` for every request,
+/// and a span `http.request` that continues the caller's W3C `traceparent` when it sends one,
+/// so a transfer's trace can start in the client.
 pub async fn observe(request: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = request.method().to_string();
@@ -32,7 +36,14 @@ pub async fn observe(request: Request, next: Next) -> Response {
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
-    let response = next.run(request).await;
+    let span = tracing::info_span!("http.request", http.method = %method, http.route = %route);
+    let (traceparent, tracestate) = {
+        let header =
+            |name: &str| request.headers().get(name).and_then(|value| value.to_str().ok()).map(str::to_owned);
+        (header("traceparent"), header("tracestate"))
+    };
+    telemetry::context::continue_from(&span, traceparent.as_deref(), tracestate.as_deref());
+    let response = next.run(request).instrument(span).await;
     metrics::histogram!(
         "http_server_request_duration_seconds",
         "method" => method,

@@ -354,3 +354,74 @@ async fn one_trace_follows_a_transfer_through_every_hop() {
     eprintln!("one trace {incoming_trace}: {} spans: {edges:?}", spans.len());
     assert!(terminate(&mut all).await.success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_contract_metric_is_served_after_traffic() {
+    use kafka::producer::{OutgoingRecord, Producer};
+    use testkit::webhook::{Receiver, Reply};
+
+    let system = System::new().await;
+    // the webhook fails every call: notifications go through the retry topics
+    let (receiver, url) = Receiver::start().await;
+    receiver.answer_by_default(Reply::Status(503));
+    let mut all = system.start_with(&[("NOTIFICACOES_WEBHOOK_URL", url.as_str())]).await;
+    system.open_account("METRIC-A", 100_000).await;
+    system.open_account("METRIC-B", 0).await;
+    let id = system.transfer("METRIC-A", "METRIC-B", 700).await.expect("accepted");
+    assert_eq!(system.final_status(&id).await.0, "LIQUIDADA");
+    // and a poison record for antifraud's dead-letter topic
+    let producer =
+        Producer::new(&kafka::config::producer_config(&system.topics.args, "test", Duration::ZERO))
+            .expect("producer");
+    let poison =
+        OutgoingRecord::new(system.topics.topic(contracts::topics::REQUESTED), "METRIC-A", "{not json");
+    producer.send(&poison).await.expect("poison");
+
+    let requested = system.topics.topic(contracts::topics::REQUESTED);
+    let settled = system.topics.topic(contracts::topics::SETTLED);
+    let expected = [
+        "outbox_pendentes{database=\"transferencias\"}".to_owned(),
+        "outbox_pendentes{database=\"ledger\"}".to_owned(),
+        "outbox_oldest_pending_seconds{database=\"transferencias\"}".to_owned(),
+        format!(
+            "kafka_consumer_lag{{group=\"{}antifraude\",topic=\"{requested}\"",
+            system.topics.args.topic_prefix
+        ),
+        format!("kafka_consumer_lag{{group=\"{}ledger\"", system.topics.args.topic_prefix),
+        format!("kafka_consumer_lag{{group=\"{}transferencias-projecao\"", system.topics.args.topic_prefix),
+        format!("kafka_consumer_lag{{group=\"{}notificacoes\"", system.topics.args.topic_prefix),
+        format!("dlt_mensagens_total{{topic=\"{requested}-dlt\"}} 1"),
+        format!("dlt_mensagens_retidas{{topic=\"{requested}-dlt\"}}"),
+        format!("dlt_mensagens_retidas{{topic=\"{settled}-dlt\"}}"),
+        format!("retries_total{{topic=\"{settled}\"}}"),
+        "transferencias_total{resultado=\"LIQUIDADA\"} 1".to_owned(),
+        "http_server_request_duration_seconds_bucket".to_owned(),
+        "kafka_batch_handling_seconds_bucket".to_owned(),
+        "antifraude_transaction_seconds_bucket".to_owned(),
+        "ledger_liquidacao_seconds_bucket".to_owned(),
+        "outbox_delivery_seconds_bucket".to_owned(),
+        "notificacoes_webhook_seconds_bucket".to_owned(),
+    ];
+    let url = format!("http://127.0.0.1:{}/metrics", system.ports[0]);
+    let missing = testkit::eventually("every contract metric", Duration::from_secs(30), || async {
+        let text = system.http.get(&url).send().await.ok()?.text().await.ok()?;
+        let missing: Vec<&String> = expected.iter().filter(|name| !text.contains(name.as_str())).collect();
+        missing.is_empty().then_some(missing)
+    })
+    .await;
+    assert!(missing.is_empty());
+    for port in &system.ports[1..] {
+        let text = system
+            .http
+            .get(format!("http://127.0.0.1:{port}/metrics"))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text");
+        assert!(text.contains("kafka_consumer_lag"), "port {port} serves the metrics");
+    }
+    assert!(!receiver.calls().is_empty());
+    assert!(terminate(&mut all).await.success());
+}

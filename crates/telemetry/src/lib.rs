@@ -3,6 +3,7 @@
 //! # Layout
 //! - [`logging`]: `tracing` with JSON (or human) logs, and an OpenTelemetry layer so every span
 //!   has a W3C trace context that can travel in Kafka headers and outbox rows.
+//! - [`log_format`]: JSON log lines with the `trace_id` and `span_id` of their span.
 //! - [`metrics`]: the process-wide Prometheus recorder and its histogram buckets (seconds).
 //! - [`health`]: `/healthz`, `/readyz` (dependency checks) and `/metrics` as an axum router.
 //! - [`context`]: the current span's `traceparent` and spans continued from one.
@@ -14,6 +15,7 @@
 
 pub mod context;
 pub mod health;
+pub mod log_format;
 pub mod logging;
 pub mod metrics;
 pub mod server;

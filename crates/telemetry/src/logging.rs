@@ -89,7 +89,7 @@ where
 }
 
 /// Installs the global subscriber: `RUST_LOG` filtering (default [`DEFAULT_FILTER`]), log
-/// lines in `format`, and an OpenTelemetry layer so spans carry W3C trace ids. Safe to call
+/// lines in `format` (JSON lines inside a span carry its `trace_id` and `span_id`), and an OpenTelemetry layer so spans carry W3C trace ids. Safe to call
 /// more than once: later calls keep the first set-up.
 pub fn init(service_name: &'static str, format: LogFormat) {
     // spans reach OpenTelemetry at info and above whatever RUST_LOG says, so quieting the
@@ -102,9 +102,13 @@ pub fn init(service_name: &'static str, format: LogFormat) {
             .with(
                 tracing_subscriber::fmt::layer()
                     .json()
-                    .flatten_event(true)
-                    .with_current_span(true)
-                    .with_span_list(false)
+                    .event_format(crate::log_format::JsonWithTrace::new(
+                        tracing_subscriber::fmt::format()
+                            .json()
+                            .flatten_event(true)
+                            .with_current_span(true)
+                            .with_span_list(false),
+                    ))
                     .with_writer(std::io::stderr)
                     .with_filter(filter()),
             )
@@ -122,5 +126,68 @@ pub fn shutdown() {
     if let Some(provider) = TRACER_PROVIDER.get() {
         drop(provider.force_flush());
         drop(provider.shutdown());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::Layer as _;
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn json_lines_in_a_span_carry_its_trace_and_span_ids() {
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::registry()
+            .with(otel_layer("test").with_filter(tracing_subscriber::filter::LevelFilter::INFO))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .event_format(crate::log_format::JsonWithTrace::new(
+                        tracing_subscriber::fmt::format().json().flatten_event(true),
+                    ))
+                    .with_writer(move || writer.clone()),
+            );
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!("hop");
+            crate::context::continue_from(
+                &span,
+                Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+                None,
+            );
+            span.in_scope(|| tracing::info!(answer = 42, "inside"));
+            // a debug span below the OpenTelemetry layer's level: its parent's ids are used
+            span.in_scope(|| tracing::debug_span!("detail").in_scope(|| tracing::info!("deeper")));
+            tracing::info!("outside");
+        });
+        let text = String::from_utf8(buffer.0.lock().expect("lock").clone()).expect("utf-8");
+        let lines: Vec<serde_json::Value> =
+            text.lines().map(|line| serde_json::from_str(line).expect("each line is JSON")).collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert_eq!(lines[0]["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(lines[0]["span_id"].as_str().map(str::len), Some(16));
+        assert_ne!(lines[0]["span_id"], "00f067aa0ba902b7", "the span's own id, not its parent's");
+        assert_eq!(lines[0]["answer"], 42);
+        assert_eq!(lines[1]["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(lines[1]["span_id"], lines[0]["span_id"]);
+        assert!(lines[2].get("trace_id").is_none(), "{text}");
     }
 }

@@ -105,10 +105,15 @@ pub async fn run<H: Handler>(
         return result; // every offset already travelled in a committed transaction
     }
     // whatever ended the loop, commit the offsets stored so far (all of them handled)
-    let final_commit = {
-        let consumer = consumer.clone();
-        tokio::task::spawn_blocking(move || consumer.commit_consumer_state(CommitMode::Sync)).await?
-    };
+    commit_stored(consumer).await?;
+    result
+}
+
+/// Commits the offsets stored so far, synchronously and off the runtime: what a loop does when
+/// it ends. A failure is logged, not returned: the records since the last commit are redelivered.
+pub(crate) async fn commit_stored(consumer: Arc<KafkaConsumer>) -> Result<(), Error> {
+    let final_commit =
+        tokio::task::spawn_blocking(move || consumer.commit_consumer_state(CommitMode::Sync)).await?;
     match final_commit {
         // nothing stored since the last background commit, or no partitions left
         Ok(()) | Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
@@ -116,7 +121,7 @@ pub async fn run<H: Handler>(
             tracing::warn!(%error, "final offset commit failed; records since the last commit will be redelivered")
         }
     }
-    result
+    Ok(())
 }
 
 async fn consume<H: Handler>(
@@ -246,7 +251,7 @@ pub fn next_offsets<'a>(records: impl IntoIterator<Item = &'a OwnedMessage>) -> 
 }
 
 /// Stores, per partition, the offset after the batch's last record of that partition.
-fn store_offsets(consumer: &KafkaConsumer, batch: &[OwnedMessage]) {
+pub(crate) fn store_offsets(consumer: &KafkaConsumer, batch: &[OwnedMessage]) {
     // a partition revoked while the batch ran is someone else's now: its records will be
     // redelivered there, which the idempotent handlers absorb
     if let Err(error) = consumer.store_offsets(&next_offsets(batch)) {

@@ -66,11 +66,7 @@ pub fn dead_letter(record: &OwnedMessage, group: &str, failure: &Failure) -> Out
     }
     let already_dead = headers.iter().any(|(name, _)| name == dlt::ORIGINAL_TOPIC);
     if !already_dead {
-        let (timestamp, timestamp_type) = match record.timestamp() {
-            Timestamp::CreateTime(ms) => (ms, CREATE_TIME),
-            Timestamp::LogAppendTime(ms) => (ms, LOG_APPEND_TIME),
-            Timestamp::NotAvailable => (-1, "NO_TIMESTAMP_TYPE"),
-        };
+        let (timestamp, timestamp_type) = original_timestamp(record);
         headers.push((dlt::ORIGINAL_TOPIC.into(), record.topic().as_bytes().to_vec()));
         headers.push((dlt::ORIGINAL_PARTITION.into(), encode_int(record.partition()).to_vec()));
         headers.push((dlt::ORIGINAL_OFFSET.into(), encode_long(record.offset()).to_vec()));
@@ -90,6 +86,16 @@ pub fn dead_letter(record: &OwnedMessage, group: &str, failure: &Failure) -> Out
         key: record.key().map(<[u8]>::to_vec),
         payload: record.payload().unwrap_or_default().to_vec(),
         headers,
+    }
+}
+
+/// The record's timestamp (epoch ms, -1 when it has none) and its type, as Spring writes them
+/// in `*-original-timestamp` and `*-original-timestamp-type`.
+pub(crate) fn original_timestamp(record: &OwnedMessage) -> (i64, &'static str) {
+    match record.timestamp() {
+        Timestamp::CreateTime(ms) => (ms, CREATE_TIME),
+        Timestamp::LogAppendTime(ms) => (ms, LOG_APPEND_TIME),
+        Timestamp::NotAvailable => (-1, "NO_TIMESTAMP_TYPE"),
     }
 }
 

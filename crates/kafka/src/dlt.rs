@@ -90,16 +90,10 @@ impl Progress {
 
     /// Marks `offset` replayed, folding singles into `next` where they join it.
     pub fn mark(&mut self, offset: i64) {
-        if offset == self.next {
-            self.next += 1;
-        } else if offset > self.next {
+        if offset >= self.next {
             self.singles.insert(offset);
         }
-        while self.singles.remove(&self.next) {
-            self.next += 1;
-        }
-        let next = self.next;
-        self.singles.retain(|&single| single >= next);
+        self.advance_to(self.next);
     }
 
     /// Moves `next` to `offset` (everything before it handled), keeping later singles.
@@ -546,16 +540,18 @@ impl DeadLetterTopic {
                     result?;
                 }
             }
+            let mut touched = BTreeSet::new();
             for record in pending.drain(..) {
                 if let Some((_, state)) =
                     states.iter_mut().find(|(partition, _)| *partition == record.partition())
                 {
                     state.mark(record.offset());
+                    touched.insert(record.partition());
                 }
                 summary.replayed += 1;
             }
             if !dry_run {
-                for (partition, state) in states.iter() {
+                for (partition, state) in states.iter().filter(|(partition, _)| touched.contains(partition)) {
                     self.commit(*partition, state)?;
                 }
             }

@@ -22,13 +22,11 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rdkafka::consumer::Consumer;
-use rdkafka::message::{Headers, Message, OwnedMessage, Timestamp};
+use rdkafka::message::{Headers, Message, OwnedMessage};
 use rdkafka::TopicPartitionList;
 use tokio_util::sync::CancellationToken;
 
-use contracts::headers::{
-    decode_big_integer, encode_big_integer, encode_int, encode_long, retry, CREATE_TIME, LOG_APPEND_TIME,
-};
+use contracts::headers::{decode_big_integer, encode_big_integer, encode_int, encode_long, retry};
 use contracts::topics::{dead_letter_topic, retry_topic};
 
 use crate::consumer::{header, KafkaConsumer};
@@ -171,11 +169,7 @@ pub fn forwarded(
             headers.push((header.key.to_owned(), header.value.unwrap_or_default().to_vec()));
         }
     }
-    let (timestamp, timestamp_type) = match record.timestamp() {
-        Timestamp::CreateTime(ms) => (ms, CREATE_TIME),
-        Timestamp::LogAppendTime(ms) => (ms, LOG_APPEND_TIME),
-        Timestamp::NotAvailable => (-1, "NO_TIMESTAMP_TYPE"),
-    };
+    let (timestamp, timestamp_type) = crate::dead_letter::original_timestamp(record);
     let has = |name: &str, headers: &[(String, Vec<u8>)]| headers.iter().any(|(key, _)| key == name);
     if !has(retry::ORIGINAL_TOPIC, &headers) {
         headers.push((retry::ORIGINAL_TOPIC.into(), record.topic().as_bytes().to_vec()));
@@ -272,17 +266,7 @@ pub async fn run<A: Attempt>(
         held: BTreeMap::new(),
     };
     let result = runner.consume(&shutdown).await;
-    let final_commit = tokio::task::spawn_blocking(move || {
-        consumer.commit_consumer_state(rdkafka::consumer::CommitMode::Sync)
-    })
-    .await?;
-    match final_commit {
-        Ok(())
-        | Err(rdkafka::error::KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
-        Err(error) => {
-            tracing::warn!(%error, "final offset commit failed; records since the last commit will be redelivered")
-        }
-    }
+    crate::consumer::commit_stored(consumer).await?;
     result
 }
 
@@ -472,9 +456,7 @@ impl<A: Attempt> StageRunner<A> {
                 }
             }
         }
-        if let Err(error) = self.consumer.store_offsets(&crate::consumer::next_offsets(&ready)) {
-            tracing::info!(%error, "offsets not stored (partitions revoked?)");
-        }
+        crate::consumer::store_offsets(&self.consumer, &ready);
         true
     }
 
@@ -531,7 +513,7 @@ async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
 mod tests {
     use super::*;
     use contracts::headers::{decode_int, decode_long, decode_text};
-    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::message::{Header, OwnedHeaders, Timestamp};
 
     fn chain() -> Chain {
         Chain { delays_ms: vec![1000, 2000, 4000] }

@@ -70,6 +70,14 @@ pub fn init_logs() {
     drop(result);
 }
 
+/// Serves `app` on a free local port for the rest of the test; returns its address.
+pub async fn serve_locally(app: axum::Router) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind a local port");
+    let address = listener.local_addr().expect("local address");
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("local server") });
+    address
+}
+
 /// Polls `condition` every 50 ms until it returns `Some`, or panics naming `what` after
 /// `timeout`.
 pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut condition: F) -> T

@@ -31,9 +31,7 @@ impl Collector {
     pub async fn start() -> (Self, String) {
         let collector = Self::default();
         let app = Router::new().route("/v1/traces", post(receive)).with_state(collector.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind collector");
-        let address = listener.local_addr().expect("collector address");
-        tokio::spawn(async move { axum::serve(listener, app).await.expect("collector") });
+        let address = crate::serve_locally(app).await;
         (collector, format!("http://{address}"))
     }
 

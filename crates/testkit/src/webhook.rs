@@ -2,7 +2,6 @@
 //! script (status codes, delays) and records every call with its arrival time and headers.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -49,9 +48,7 @@ impl Receiver {
     pub async fn start() -> (Self, String) {
         let receiver = Self::default();
         let app = Router::new().route("/", post(answer)).with_state(receiver.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind receiver");
-        let address: SocketAddr = listener.local_addr().expect("receiver address");
-        tokio::spawn(async move { axum::serve(listener, app).await.expect("receiver") });
+        let address = crate::serve_locally(app).await;
         (receiver, format!("http://{address}/"))
     }
 

@@ -96,6 +96,59 @@ pub struct OutcomeDetails {
     pub currency: Option<String>,
 }
 
+/// What an outcome topic carries: `transferencias.liquidada` a [`TransferSettled`],
+/// `transferencias.rejeitada` a [`TransferRejected`] (read by the projection and notifications).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OutcomeEvent {
+    Settled(TransferSettled),
+    Rejected(TransferRejected),
+}
+
+/// A record that is not the outcome event its topic carries.
+#[derive(Debug, thiserror::Error)]
+#[error("not a valid {expected} event: {source}")]
+pub struct MalformedEvent {
+    pub expected: &'static str,
+    #[source]
+    pub source: serde_json::Error,
+}
+
+impl OutcomeEvent {
+    /// Reads `payload` from a settlements topic (`settled`) or a rejections topic.
+    pub fn decode(settled: bool, payload: &[u8]) -> Result<Self, MalformedEvent> {
+        if settled {
+            serde_json::from_slice(payload)
+                .map(Self::Settled)
+                .map_err(|source| MalformedEvent { expected: EventType::TransferSettled.as_str(), source })
+        } else {
+            serde_json::from_slice(payload)
+                .map(Self::Rejected)
+                .map_err(|source| MalformedEvent { expected: EventType::TransferRejected.as_str(), source })
+        }
+    }
+
+    pub fn event_type(&self) -> EventType {
+        match self {
+            Self::Settled(_) => EventType::TransferSettled,
+            Self::Rejected(_) => EventType::TransferRejected,
+        }
+    }
+
+    pub fn event_id(&self) -> Uuid {
+        match self {
+            Self::Settled(event) => event.event_id,
+            Self::Rejected(event) => event.event_id,
+        }
+    }
+
+    pub fn transfer_id(&self) -> Uuid {
+        match self {
+            Self::Settled(event) => event.transfer_id,
+            Self::Rejected(event) => event.transfer_id,
+        }
+    }
+}
+
 /// `motivo` of a [`TransferRejected`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum RejectionReason {

@@ -23,6 +23,7 @@ pub mod time;
 pub mod topics;
 
 pub use events::{
-    EventType, RejectionReason, TransferAnalysed, TransferRejected, TransferRequested, TransferSettled,
+    EventType, MalformedEvent, OutcomeEvent, RejectionReason, TransferAnalysed, TransferRejected,
+    TransferRequested, TransferSettled,
 };
 pub use time::Timestamp;

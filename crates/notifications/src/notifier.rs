@@ -6,21 +6,12 @@ use kafka::rdkafka::message::{Message, OwnedMessage};
 use kafka::retry_topic::{Attempt, Verdict};
 use tracing::Instrument;
 
-use contracts::{EventType, TransferRejected, TransferSettled};
+use contracts::{EventType, MalformedEvent, OutcomeEvent};
 
 use crate::webhook::{Answer, Notification, Webhook};
 
 /// The `kafka_exception-fqcn` of a record that is not the event its topic carries.
 pub const MALFORMED_EVENT: &str = "notifications::notifier::MalformedEvent";
-
-/// A record that is not the event its topic carries.
-#[derive(Debug, thiserror::Error)]
-#[error("not a valid {expected} event: {source}")]
-pub struct MalformedEvent {
-    expected: &'static str,
-    #[source]
-    source: serde_json::Error,
-}
 
 /// What a notification is about, read from the payload (never from headers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,24 +42,13 @@ impl Notifier {
 
     /// Reads the outcome event of `record`.
     pub fn decode(&self, record: &OwnedMessage) -> Result<Outcome, MalformedEvent> {
-        let payload = record.payload().unwrap_or_default();
-        if self.is_settled(record.topic()) {
-            let event: TransferSettled = serde_json::from_slice(payload)
-                .map_err(|source| MalformedEvent { expected: "TransferenciaLiquidada", source })?;
-            Ok(Outcome {
-                event_type: EventType::TransferSettled,
-                event_id: event.event_id,
-                transfer_id: event.transfer_id,
-            })
-        } else {
-            let event: TransferRejected = serde_json::from_slice(payload)
-                .map_err(|source| MalformedEvent { expected: "TransferenciaRejeitada", source })?;
-            Ok(Outcome {
-                event_type: EventType::TransferRejected,
-                event_id: event.event_id,
-                transfer_id: event.transfer_id,
-            })
-        }
+        let event =
+            OutcomeEvent::decode(self.is_settled(record.topic()), record.payload().unwrap_or_default())?;
+        Ok(Outcome {
+            event_type: event.event_type(),
+            event_id: event.event_id(),
+            transfer_id: event.transfer_id(),
+        })
     }
 }
 

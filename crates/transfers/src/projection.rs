@@ -8,7 +8,7 @@
 
 use kafka::rdkafka::message::{Message, OwnedMessage};
 
-use contracts::{TransferRejected, TransferSettled};
+use contracts::{MalformedEvent, OutcomeEvent};
 use kafka::consumer::Handler;
 use kafka::dead_letter::{DeadLetterPublisher, Failure};
 use sqlx::PgPool;
@@ -19,15 +19,6 @@ use crate::store::{self, Outcome};
 
 /// The `kafka_dlt-exception-fqcn` of an unreadable outcome event.
 pub const MALFORMED_EVENT: &str = "transfers::projection::MalformedEvent";
-
-/// A record that is not the event its topic carries.
-#[derive(Debug, thiserror::Error)]
-#[error("not a valid {expected} event: {source}")]
-pub struct MalformedEvent {
-    expected: &'static str,
-    #[source]
-    source: serde_json::Error,
-}
 
 /// Why a batch must be retried.
 #[derive(Debug, thiserror::Error)]
@@ -53,19 +44,16 @@ impl Projection {
 
     fn decode(&self, record: &OwnedMessage) -> Result<Outcome, MalformedEvent> {
         let payload = record.payload().unwrap_or_default();
-        if record.topic() == self.settled_topic {
-            let event: TransferSettled = serde_json::from_slice(payload)
-                .map_err(|source| MalformedEvent { expected: "TransferenciaLiquidada", source })?;
-            Ok(Outcome { transfer_id: event.transfer_id, status: Status::Settled, reason: None })
-        } else {
-            let event: TransferRejected = serde_json::from_slice(payload)
-                .map_err(|source| MalformedEvent { expected: "TransferenciaRejeitada", source })?;
-            Ok(Outcome {
+        Ok(match OutcomeEvent::decode(record.topic() == self.settled_topic, payload)? {
+            OutcomeEvent::Settled(event) => {
+                Outcome { transfer_id: event.transfer_id, status: Status::Settled, reason: None }
+            }
+            OutcomeEvent::Rejected(event) => Outcome {
                 transfer_id: event.transfer_id,
                 status: Status::Rejected,
                 reason: Some(event.reason.as_str().to_owned()),
-            })
-        }
+            },
+        })
     }
 }
 

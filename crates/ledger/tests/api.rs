@@ -271,13 +271,99 @@ async fn the_openapi_document_lists_every_route() {
     let document: Value = get(&ledger, "/openapi.json").await.json().await.expect("document");
     assert!(document["openapi"].as_str().expect("version").starts_with("3.1"));
     let paths = document["paths"].as_object().expect("paths");
-    for (path, method) in [
-        ("/contas", "post"),
-        ("/contas/{id}", "get"),
-        ("/contas/{id}/depositos", "post"),
-        ("/contas/{id}/lancamentos", "get"),
-    ] {
-        assert!(paths.get(path).and_then(|item| item.get(method)).is_some(), "{method} {path} missing");
+    let mut documented = Vec::new();
+    for (path, item) in paths {
+        for method in item.as_object().expect("path item").keys() {
+            documented.push(format!("{method} {path}"));
+        }
+    }
+    documented.sort();
+    assert_eq!(
+        documented,
+        [
+            "get /contas/{id}",
+            "get /contas/{id}/lancamentos",
+            "get /healthz",
+            "get /metrics",
+            "get /openapi.json",
+            "get /readyz",
+            "post /contas",
+            "post /contas/{id}/depositos",
+        ]
+    );
+    // every documented route is served (anything but the fallback's "no such route")
+    for route in &documented {
+        let (method, path) = route.split_once(' ').expect("route");
+        let url = ledger.url(&path.replace("{id}", "CC-OPENAPI"));
+        let request = match method {
+            "post" => ledger.http.post(url).json(&json!({})),
+            _ => ledger.http.get(url),
+        };
+        let answer: Value = request.send().await.expect("send").json().await.unwrap_or(Value::Null);
+        assert_ne!(answer["detail"], "no such route", "{route}");
+    }
+    assert_eq!(document["security"], json!([{}, {"bearer": []}]));
+    assert_eq!(document["components"]["securitySchemes"]["bearer"]["scheme"], "bearer");
+    ledger.stop().await;
+}
+
+/// The documented request bodies are what the handlers read: an example built from each schema's
+/// properties is accepted, and every property the schema requires is required by the handler.
+#[tokio::test]
+async fn the_documented_request_bodies_are_what_the_handlers_read() {
+    let ledger = spawn_ledger().await;
+    let document: Value = get(&ledger, "/openapi.json").await.json().await.expect("document");
+    let schemas = &document["components"]["schemas"];
+    let example = |name: &str, values: &Value| -> Value {
+        let properties = schemas[name]["properties"].as_object().expect("properties");
+        let mut body = serde_json::Map::new();
+        for field in properties.keys() {
+            body.insert(field.clone(), values[field].clone());
+        }
+        assert_eq!(body.len(), values.as_object().expect("values").len(), "{name} documents other fields");
+        Value::Object(body)
+    };
+    let required = |name: &str| -> Vec<String> {
+        schemas[name]["required"]
+            .as_array()
+            .expect("required")
+            .iter()
+            .map(|field| field.as_str().expect("name").to_owned())
+            .collect()
+    };
+
+    let account =
+        example("AccountRequestBody", &json!({"id": "CC-DOC", "moeda": "BRL", "saldoInicialCentavos": 100}));
+    assert_eq!(required("AccountRequestBody"), ["id", "moeda"]);
+    assert_eq!(post(&ledger, "/contas", account.clone()).await.status(), StatusCode::CREATED);
+    for field in required("AccountRequestBody") {
+        let mut body = account.clone();
+        body.as_object_mut().expect("object").remove(&field);
+        let (status, refusal) = problem(post(&ledger, "/contas", body).await).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{field}");
+        assert_eq!(refusal["errors"][0]["field"], field.as_str());
+    }
+
+    let deposit = example(
+        "DepositRequestBody",
+        &json!({"depositoId": "0b7e6b2c-3f7a-4d3e-9a51-0c1d2e3f4a5b", "valorEmCentavos": 5}),
+    );
+    assert_eq!(required("DepositRequestBody"), ["depositoId", "valorEmCentavos"]);
+    assert_eq!(
+        post(&ledger, "/contas/CC-DOC/depositos", deposit.clone()).await.status(),
+        StatusCode::CREATED
+    );
+    for field in required("DepositRequestBody") {
+        let mut body = deposit.clone();
+        body.as_object_mut().expect("object").remove(&field);
+        let (status, refusal) = problem(post(&ledger, "/contas/CC-DOC/depositos", body).await).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{field}");
+        assert_eq!(refusal["errors"][0]["field"], field.as_str());
+    }
+    // and what the handlers answer has the documented required fields
+    let account: Value = get(&ledger, "/contas/CC-DOC").await.json().await.expect("account");
+    for field in required("Account") {
+        assert!(account.get(&field).is_some(), "Account.{field} not answered");
     }
     ledger.stop().await;
 }

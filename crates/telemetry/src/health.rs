@@ -36,12 +36,42 @@ struct HealthState {
 /// The three routes, to merge into a service's router.
 pub fn router(checks: Vec<Arc<dyn ReadinessCheck>>, metrics: PrometheusHandle) -> Router {
     Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(render_metrics))
         .with_state(HealthState { checks: Arc::new(checks), metrics })
 }
 
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(healthz, readyz, render_metrics))]
+struct Routes;
+
+/// The OpenAPI description of the three routes, for the APIs that publish a document.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    <Routes as utoipa::OpenApi>::openapi()
+}
+
+/// The process is alive.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "operations",
+    responses((status = 200, description = "`ok`", content_type = "text/plain"))
+)]
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// Every dependency (database, Kafka) answers.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "operations",
+    responses(
+        (status = 200, description = "`ready`", content_type = "text/plain"),
+        (status = 503, description = "`not ready` and one line per failing dependency", content_type = "text/plain")
+    )
+)]
 async fn readyz(State(state): State<HealthState>) -> Response {
     let results = futures::future::join_all(state.checks.iter().map(|check| async move {
         let outcome = match tokio::time::timeout(CHECK_TIMEOUT, check.check()).await {
@@ -63,6 +93,13 @@ async fn readyz(State(state): State<HealthState>) -> Response {
     }
 }
 
+/// Every metric in the Prometheus text format (`CONTRACT.md` §5).
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    responses((status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain"))
+)]
 async fn render_metrics(State(state): State<HealthState>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render())
         .into_response()

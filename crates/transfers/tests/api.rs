@@ -291,7 +291,28 @@ async fn the_openapi_document_describes_every_route() {
             assert_ne!(problem["detail"], "no such route", "{method} {path}");
         }
     }
+    // and nothing else is documented (utoipa-axum registers each API route with its doc)
+    assert_eq!(paths.len(), 6, "{:?}", paths.keys().collect::<Vec<_>>());
     let required = &document["components"]["schemas"]["Transfer"]["required"];
     assert_eq!(required.as_array().map(Vec::len), Some(9));
+    // a transfer as answered has exactly the documented properties
+    let created: Value = app
+        .http
+        .post(app.url("/transferencias"))
+        .json(&transfer("A", "B", 1))
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    let mut answered: Vec<&String> = created.as_object().expect("object").keys().collect();
+    let properties =
+        document["components"]["schemas"]["Transfer"]["properties"].as_object().expect("properties");
+    let mut documented: Vec<&String> = properties.keys().collect();
+    answered.sort();
+    documented.sort();
+    assert_eq!(answered, documented);
+    assert_eq!(document["security"], serde_json::json!([{}, {"bearer": []}]));
     app.stop().await;
 }

@@ -7,12 +7,15 @@
 //! - [`body`]: [`JsonBody`], the size- and content-type-checked JSON extractor.
 //! - [`auth`]: [`Tokens`], the `authenticate` middleware, the [`Caller`] it leaves behind.
 //! - [`fields`]: account-id and currency rules.
+//! - [`openapi`]: what both OpenAPI documents share: problem responses, the bearer scheme and
+//!   the `/openapi.json` route.
 //! - `observe`: `http_server_request_duration_seconds{method,route,status}` and the request's
 //!   span, continuing an incoming `traceparent`.
 
 pub mod auth;
 pub mod body;
 pub mod fields;
+pub mod openapi;
 pub mod problem;
 
 use std::time::Instant;
@@ -24,7 +27,7 @@ use tracing::Instrument;
 
 pub use auth::{Caller, Tokens};
 pub use body::JsonBody;
-pub use problem::{ApiError, FieldError};
+pub use problem::{ApiError, FieldError, Problem};
 
 /// Middleware: `http_server_request_duration_seconds{method, route, status}` for every request,
 /// and a span `http.request` that continues the caller's W3C `traceparent` when it sends one,

@@ -6,8 +6,9 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 /// One broken rule, for problem+json's `errors`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct FieldError {
+    /// The request field (or `body`) the rule is about.
     pub field: &'static str,
     pub message: String,
 }
@@ -68,15 +69,20 @@ impl ApiError {
     }
 }
 
-#[derive(Serialize)]
-struct Problem<'a> {
+/// The problem+json body (RFC 9457) every error is answered with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct Problem {
+    /// A relative URI naming the kind of problem, e.g. `/problems/validation`.
     #[serde(rename = "type")]
-    kind: &'a str,
-    title: &'a str,
-    status: u16,
-    detail: String,
+    pub kind: &'static str,
+    pub title: &'static str,
+    /// The HTTP status, repeated.
+    pub status: u16,
+    /// What was wrong with this request, for a person.
+    pub detail: String,
+    /// Each broken rule, for `400` validation problems only.
     #[serde(skip_serializing_if = "Option::is_none")]
-    errors: Option<&'a [FieldError]>,
+    pub errors: Option<Vec<FieldError>>,
 }
 
 impl ApiError {
@@ -112,7 +118,7 @@ impl IntoResponse for ApiError {
             tracing::error!(error = %telemetry::error_chain(cause.as_ref()), "request failed");
         }
         let errors = match &self {
-            Self::Validation(errors) => Some(errors.as_slice()),
+            Self::Validation(errors) => Some(errors.clone()),
             _ => None,
         };
         let problem = Problem { kind, title, status: status.as_u16(), detail: self.to_string(), errors };

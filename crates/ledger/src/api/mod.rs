@@ -11,17 +11,20 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::PgPool;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use uuid::Uuid;
 
 use contracts::Timestamp;
 use web::fields::{is_active_currency, validate_account_syntax, ISSUER_PREFIX};
 use web::problem::Kind;
-use web::{ApiError, Caller, FieldError, JsonBody};
+use web::{ApiError, Caller, FieldError, JsonBody, Problem};
+
+use self::openapi::{AccountId, AccountRequestBody, DepositRequestBody, EntryKind};
 
 use crate::error::{FailureKind, StoreError};
 use crate::store::{self, AccountRow, CreateAccountError, Deposit, DepositError, DepositMade, Entry};
@@ -41,15 +44,19 @@ pub struct AppState {
     pub tokens: web::Tokens,
 }
 
-/// The API routes (health and metrics are merged in by the service, outside auth).
+/// The API routes and `/openapi.json` (health and metrics are merged in by the service,
+/// outside auth; the document describes them too).
 pub fn router(state: AppState) -> Router {
-    Router::new()
-        .route("/contas", post(create_account))
-        .route("/contas/{id}", get(get_account))
-        .route("/contas/{id}/depositos", post(deposit))
-        .route("/contas/{id}/lancamentos", get(list_entries))
+    let (api, document) = OpenApiRouter::with_openapi(openapi::base())
+        .routes(routes!(create_account))
+        .routes(routes!(get_account))
+        .routes(routes!(deposit))
+        .routes(routes!(list_entries))
         .route_layer(middleware::from_fn_with_state(state.tokens.clone(), web::auth::authenticate))
-        .route("/openapi.json", get(|| async { Json(openapi::document()) }))
+        .split_for_parts();
+    let mut document = web::openapi::with_bearer(document, openapi::BEARER);
+    document.merge(telemetry::health::openapi());
+    api.merge(web::openapi::route(document))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .with_state(state)
         .layer(middleware::from_fn(web::observe))
@@ -66,11 +73,14 @@ fn internal(error: impl Into<StoreError>) -> ApiError {
 }
 
 /// An account as the API shows it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = Account)]
 pub struct AccountView {
+    #[schema(value_type = AccountId)]
     pub id: String,
     pub moeda: String,
+    /// Negative only for an issuer account.
     pub saldo_centavos: i64,
 }
 
@@ -81,12 +91,15 @@ impl From<AccountRow> for AccountView {
 }
 
 /// A deposit as the API shows it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = Deposit)]
 pub struct DepositView {
     pub deposito_id: Uuid,
+    #[schema(value_type = AccountId)]
     pub conta_id: String,
     pub valor_em_centavos: i64,
+    #[schema(value_type = String, format = DateTime)]
     pub criado_em: Timestamp,
 }
 
@@ -102,13 +115,17 @@ impl From<Deposit> for DepositView {
 }
 
 /// An entry as the API shows it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = Entry)]
 pub struct EntryView {
     pub id: i64,
+    /// The transfer's id, or the `depositoId`.
     pub transferencia_id: Uuid,
+    #[schema(value_type = EntryKind)]
     pub tipo: String,
     pub valor_centavos: i64,
+    #[schema(value_type = String, format = DateTime)]
     pub criado_em: Timestamp,
 }
 
@@ -160,7 +177,26 @@ fn path_account(id: &str) -> Result<(), ApiError> {
     validate_account_syntax(id).map_err(|message| ApiError::Validation(vec![FieldError::new("id", message)]))
 }
 
-/// `POST /contas` `{"id","moeda","saldoInicialCentavos"?}` → `201`.
+/// Create an account, optionally with an opening balance.
+///
+/// Needs the admin token when `PAGAMENTOS_ADMIN_TOKEN` is set.
+#[utoipa::path(
+    post,
+    path = "/contas",
+    tag = "contas",
+    request_body(content = AccountRequestBody, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Created", body = AccountView,
+            headers(("Location" = String, description = "`/contas/{id}`"))),
+        (status = 400, description = "Invalid request (EMISSOR-… ids are reserved); `errors` lists each broken rule", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "A bearer token is required", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The admin token is required", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The account exists", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 16 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Body is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database is unreachable; retry after `Retry-After`", body = Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn create_account(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -249,8 +285,29 @@ fn deposit_error(error: DepositError) -> ApiError {
     }
 }
 
-/// `POST /contas/{id}/depositos` `{"depositoId","valorEmCentavos"}` → `201`; the same deposit
-/// again → `200` with the original.
+/// Deposit into an account, idempotent on `depositoId`: `201`, or `200` with the original when
+/// this deposit was made before (no money moves again).
+///
+/// Needs the admin token when `PAGAMENTOS_ADMIN_TOKEN` is set.
+#[utoipa::path(
+    post,
+    path = "/contas/{id}/depositos",
+    tag = "contas",
+    params(("id" = AccountId, Path, description = "The account")),
+    request_body(content = DepositRequestBody, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Deposited", body = DepositView),
+        (status = 200, description = "This deposit was made before: the original, no money moved", body = DepositView),
+        (status = 400, description = "Invalid request; `errors` lists each broken rule", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "A bearer token is required", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The admin token is required", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "Unknown account (or an issuer account)", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 16 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Body is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "depositoId already used with another account or amount, or the balance would overflow", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database is unreachable; retry after `Retry-After`", body = Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn deposit(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -304,7 +361,19 @@ pub async fn deposit(
     }
 }
 
-/// `GET /contas/{id}`.
+/// One account (issuer accounts included).
+#[utoipa::path(
+    get,
+    path = "/contas/{id}",
+    tag = "contas",
+    params(("id" = AccountId, Path, description = "The account")),
+    responses(
+        (status = 200, description = "The account", body = AccountView),
+        (status = 400, description = "Malformed id", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "A bearer token is required", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "Unknown account", body = Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn get_account(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -323,7 +392,22 @@ pub struct EntriesQuery {
     limit: Option<String>,
 }
 
-/// `GET /contas/{id}/lancamentos?limit=N`, newest first.
+/// An account's entries, newest first.
+#[utoipa::path(
+    get,
+    path = "/contas/{id}/lancamentos",
+    tag = "contas",
+    params(
+        ("id" = AccountId, Path, description = "The account"),
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 500, description = "At most this many (default 50)")
+    ),
+    responses(
+        (status = 200, description = "Entries", body = Vec<EntryView>),
+        (status = 400, description = "Malformed id or limit", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "A bearer token is required", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "Unknown account", body = Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn list_entries(
     State(state): State<AppState>,
     Path(id): Path<String>,

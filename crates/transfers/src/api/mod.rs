@@ -14,9 +14,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::middleware;
-use axum::routing::{get, post};
 use axum::Router;
 use sqlx::PgPool;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 /// What every handler shares.
 #[derive(Debug, Clone)]
@@ -28,13 +29,17 @@ pub struct AppState {
     pub tokens: web::Tokens,
 }
 
-/// The API routes (health and metrics are merged in by the service, outside auth).
+/// The API routes and `/openapi.json` (health and metrics are merged in by the service,
+/// outside auth; the document describes them too).
 pub fn router(state: AppState) -> Router {
-    Router::new()
-        .route("/transferencias", post(transfers::create).get(transfers::list))
-        .route("/transferencias/{id}", get(transfers::get))
+    let (api, document) = OpenApiRouter::with_openapi(openapi::base())
+        .routes(routes!(transfers::create, transfers::list))
+        .routes(routes!(transfers::get))
         .route_layer(middleware::from_fn_with_state(state.tokens.clone(), web::auth::authenticate))
-        .route("/openapi.json", get(|| async { axum::Json(openapi::document()) }))
+        .split_for_parts();
+    let mut document = web::openapi::with_bearer(document, openapi::BEARER);
+    document.merge(telemetry::health::openapi());
+    api.merge(web::openapi::route(document))
         .fallback(|| async { web::ApiError::NotFound("no such route".into()) })
         .with_state(state)
         .layer(middleware::from_fn(web::observe))

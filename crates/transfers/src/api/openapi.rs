@@ -1,127 +1,139 @@
-//! The API's OpenAPI 3.1 document, served at `GET /openapi.json` (`CONTRACT.md` §2).
+//! The API's OpenAPI 3.1 document, served at `GET /openapi.json` (`CONTRACT.md` §2), derived by
+//! utoipa from the handlers' `#[utoipa::path]` attributes and the types they answer with.
 //!
-//! Written by hand next to the handlers it describes: a route or field added there is added
-//! here in the same change (the test in `tests/api.rs` checks the routes match).
+//! The request body is read field by field (so every broken rule gets its own message), not
+//! deserialised into a type; [`TransferRequestBody`] describes it, and a test keeps it and the
+//! parser in step.
 
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use utoipa::openapi::OpenApi;
+use utoipa::{OpenApi as _, ToSchema};
 
-/// The document.
-pub fn document() -> Value {
-    let problem = json!({"$ref": "#/components/schemas/Problem"});
-    let problem_response = |description: &str| {
-        json!({
-            "description": description,
-            "content": {"application/problem+json": {"schema": problem}}
-        })
-    };
-    json!({
-        "openapi": "3.1.0",
-        "info": {
-            "title": "pagamentos — transferencias",
-            "version": env!("CARGO_PKG_VERSION"),
-            "description": "Money transfers: accepted here, announced on Kafka through a transactional outbox, settled by the ledger. Amounts are integer cents."
-        },
-        "paths": {
-            "/transferencias": {
-                "post": {
-                    "summary": "Request a transfer",
-                    "parameters": [{
-                        "name": "Idempotency-Key", "in": "header", "required": false,
-                        "description": "1–255 visible ASCII characters. The same key with the same request answers 202 again with Idempotent-Replayed: true; with another request 422; while the first is in flight 409.",
-                        "schema": {"type": "string", "minLength": 1, "maxLength": 255}
-                    }],
-                    "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/TransferRequest"}}}},
-                    "responses": {
-                        "202": {
-                            "description": "Accepted, status PENDENTE",
-                            "headers": {
-                                "Location": {"schema": {"type": "string"}},
-                                "Idempotent-Replayed": {"schema": {"type": "string", "enum": ["true"]}}
-                            },
-                            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Transfer"}}}
-                        },
-                        "400": problem_response("Invalid request; `errors` lists each broken rule"),
-                        "401": problem_response("A bearer token is required"),
-                        "409": problem_response("A request with this Idempotency-Key is in flight"),
-                        "413": problem_response("Body over 16 KiB"),
-                        "415": problem_response("Body is not JSON"),
-                        "422": problem_response("Idempotency-Key already used with another request")
-                    }
-                },
-                "get": {
-                    "summary": "List transfers, newest first",
-                    "parameters": [
-                        {"name": "conta", "in": "query", "description": "Either side", "schema": {"$ref": "#/components/schemas/AccountId"}},
-                        {"name": "status", "in": "query", "schema": {"$ref": "#/components/schemas/Status"}},
-                        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50}}
-                    ],
-                    "responses": {
-                        "200": {"description": "Transfers", "content": {"application/json": {"schema": {"type": "array", "items": {"$ref": "#/components/schemas/Transfer"}}}}},
-                        "400": problem_response("Bad query"),
-                        "401": problem_response("A bearer token is required")
-                    }
-                }
-            },
-            "/transferencias/{id}": {
-                "get": {
-                    "summary": "One transfer",
-                    "parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "string", "format": "uuid"}}],
-                    "responses": {
-                        "200": {"description": "The transfer", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Transfer"}}}},
-                        "400": problem_response("Malformed id"),
-                        "401": problem_response("A bearer token is required"),
-                        "404": problem_response("Unknown transfer")
-                    }
-                }
-            },
-            "/healthz": {"get": {"summary": "Process alive", "responses": {"200": {"description": "ok"}}}},
-            "/readyz": {"get": {"summary": "Database and Kafka reachable", "responses": {"200": {"description": "ready"}, "503": {"description": "not ready, with the failing dependencies"}}}},
-            "/metrics": {"get": {"summary": "Prometheus text format", "responses": {"200": {"description": "metrics"}}}},
-            "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI 3.1"}}}}
-        },
-        "components": {
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "description": "Required when PAGAMENTOS_API_TOKEN is set"}},
-            "schemas": {
-                "AccountId": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,32}$", "description": "EMISSOR-… accounts are reserved and never a side of a transfer"},
-                "Status": {"type": "string", "enum": ["PENDENTE", "LIQUIDADA", "REJEITADA"]},
-                "TransferRequest": {
-                    "type": "object",
-                    "required": ["contaOrigem", "contaDestino", "valorEmCentavos", "moeda"],
-                    "properties": {
-                        "contaOrigem": {"$ref": "#/components/schemas/AccountId"},
-                        "contaDestino": {"$ref": "#/components/schemas/AccountId"},
-                        "valorEmCentavos": {"type": "integer", "format": "int64", "minimum": 1},
-                        "moeda": {"type": "string", "pattern": "^[A-Z]{3}$", "description": "An active ISO 4217 code"}
-                    }
-                },
-                "Transfer": {
-                    "type": "object",
-                    "required": ["id", "contaOrigem", "contaDestino", "valorEmCentavos", "moeda", "status", "motivoRejeicao", "criadaEm", "atualizadaEm"],
-                    "properties": {
-                        "id": {"type": "string", "format": "uuid"},
-                        "contaOrigem": {"$ref": "#/components/schemas/AccountId"},
-                        "contaDestino": {"$ref": "#/components/schemas/AccountId"},
-                        "valorEmCentavos": {"type": "integer", "format": "int64"},
-                        "moeda": {"type": "string"},
-                        "status": {"$ref": "#/components/schemas/Status"},
-                        "motivoRejeicao": {"type": ["string", "null"], "enum": ["BLOQUEADA_ANTIFRAUDE", "CONTA_INEXISTENTE", "MOEDA_INCOMPATIVEL", "SALDO_INSUFICIENTE", null]},
-                        "criadaEm": {"type": "string", "format": "date-time"},
-                        "atualizadaEm": {"type": "string", "format": "date-time"}
-                    }
-                },
-                "Problem": {
-                    "type": "object",
-                    "required": ["type", "title", "status", "detail"],
-                    "properties": {
-                        "type": {"type": "string"},
-                        "title": {"type": "string"},
-                        "status": {"type": "integer"},
-                        "detail": {"type": "string"},
-                        "errors": {"type": "array", "items": {"type": "object", "required": ["field", "message"], "properties": {"field": {"type": "string"}, "message": {"type": "string"}}}}
-                    }
-                }
-            }
-        },
-        "security": [{}, {"bearer": []}]
-    })
+/// Description of the bearer scheme in this document.
+pub const BEARER: &str = "Required when PAGAMENTOS_API_TOKEN is set";
+
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "pagamentos — transferencias",
+        description = "Money transfers: accepted here, announced on Kafka through a transactional outbox, settled by the ledger. Amounts are integer cents."
+    ),
+    components(schemas(web::Problem, web::FieldError)),
+    tags(
+        (name = "transferencias", description = "Requesting and following transfers"),
+        (name = "operations", description = "Health, readiness, metrics and this document")
+    )
+)]
+#[derive(Debug)]
+pub struct ApiDoc;
+
+/// The document's frame (info, shared schemas) before the routes add their paths.
+pub fn base() -> OpenApi {
+    let mut document = ApiDoc::openapi();
+    document.info.version = env!("CARGO_PKG_VERSION").into();
+    document
+}
+
+/// An account id: 1–32 of `A-Z a-z 0-9 _ -`. `EMISSOR-…` accounts are the ledger's issuers and
+/// never a side of a transfer.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[schema(pattern = "^[A-Za-z0-9_-]{1,32}$", example = "CC-001")]
+pub struct AccountId(pub String);
+
+/// `status` of a transfer.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub enum StatusName {
+    #[serde(rename = "PENDENTE")]
+    Pendente,
+    #[serde(rename = "LIQUIDADA")]
+    Liquidada,
+    #[serde(rename = "REJEITADA")]
+    Rejeitada,
+}
+
+/// `motivoRejeicao` of a `REJEITADA` transfer.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub enum RejectionName {
+    #[serde(rename = "BLOQUEADA_ANTIFRAUDE")]
+    BloqueadaAntifraude,
+    #[serde(rename = "CONTA_INEXISTENTE")]
+    ContaInexistente,
+    #[serde(rename = "MOEDA_INCOMPATIVEL")]
+    MoedaIncompativel,
+    #[serde(rename = "SALDO_INSUFICIENTE")]
+    SaldoInsuficiente,
+}
+
+/// Body of `POST /transferencias`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TransferRequestBody {
+    pub conta_origem: AccountId,
+    /// Must differ from `contaOrigem`.
+    pub conta_destino: AccountId,
+    /// Integer cents, at least 1.
+    #[schema(minimum = 1, example = 30000)]
+    pub valor_em_centavos: i64,
+    /// An active ISO 4217 code.
+    #[schema(pattern = "^[A-Z]{3}$", example = "BRL")]
+    pub moeda: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{Status, TransferRequest};
+    use contracts::RejectionReason;
+    use serde_json::{json, Value};
+
+    fn schema(name: &str) -> Value {
+        let document = serde_json::to_value(base()).expect("json");
+        document["components"]["schemas"][name].clone()
+    }
+
+    #[test]
+    fn the_documented_body_is_what_the_parser_reads() {
+        let body = TransferRequestBody {
+            conta_origem: AccountId("CC-001".into()),
+            conta_destino: AccountId("CC-002".into()),
+            valor_em_centavos: 30_000,
+            moeda: "BRL".into(),
+        };
+        let value = serde_json::to_value(&body).expect("json");
+        TransferRequest::parse(&value).expect("the documented body is accepted");
+        // every documented field is required by the parser, under that name
+        let object = value.as_object().expect("object");
+        for field in object.keys() {
+            let mut without = object.clone();
+            without.remove(field);
+            let errors = TransferRequest::parse(&Value::Object(without)).expect_err("refused");
+            assert!(errors.iter().any(|error| error.field == field), "{field} not required by the parser");
+        }
+    }
+
+    #[test]
+    fn the_documented_enums_are_the_code_s_spellings() {
+        let statuses: Vec<Value> = Status::ALL.iter().map(|status| json!(status.as_str())).collect();
+        let documented = [StatusName::Pendente, StatusName::Liquidada, StatusName::Rejeitada];
+        assert_eq!(documented.iter().map(|name| json!(name)).collect::<Vec<_>>(), statuses);
+        let reasons: Vec<Value> = RejectionReason::ALL.iter().map(|reason| json!(reason.as_str())).collect();
+        let documented = [
+            RejectionName::BloqueadaAntifraude,
+            RejectionName::ContaInexistente,
+            RejectionName::MoedaIncompativel,
+            RejectionName::SaldoInsuficiente,
+        ];
+        assert_eq!(documented.iter().map(|name| json!(name)).collect::<Vec<_>>(), reasons);
+    }
+
+    #[test]
+    fn the_frame_is_openapi_3_1_with_the_problem_schema() {
+        let document = serde_json::to_value(base()).expect("json");
+        assert_eq!(document["openapi"], "3.1.0");
+        assert_eq!(document["info"]["version"], env!("CARGO_PKG_VERSION"));
+        let required = schema("Problem")["required"].clone();
+        for field in ["type", "title", "status", "detail"] {
+            assert!(required.as_array().expect("required").contains(&json!(field)), "{field}");
+        }
+    }
 }

@@ -9,10 +9,11 @@ use uuid::Uuid;
 
 use contracts::Timestamp;
 
+use super::openapi::{AccountId, RejectionName, StatusName, TransferRequestBody};
 use super::AppState;
 use crate::domain::{validate_account_syntax, FieldError, Status, TransferRequest};
 use crate::store::{self, Created, EventTarget, IdempotencyKey, ListFilter, Transfer};
-use web::{ApiError, Caller, JsonBody};
+use web::{ApiError, Caller, JsonBody, Problem};
 
 /// `Idempotency-Key`.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -25,17 +26,25 @@ pub const LIST_LIMIT_DEFAULT: i64 = 50;
 pub const LIST_LIMIT_MAX: i64 = 500;
 
 /// A transfer as the API shows it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = Transfer)]
 pub struct TransferView {
     pub id: Uuid,
+    #[schema(value_type = AccountId)]
     pub conta_origem: String,
+    #[schema(value_type = AccountId)]
     pub conta_destino: String,
     pub valor_em_centavos: i64,
     pub moeda: String,
+    #[schema(value_type = StatusName)]
     pub status: String,
+    /// Set when `status` is `REJEITADA`, else null.
+    #[schema(value_type = Option<RejectionName>, required = true)]
     pub motivo_rejeicao: Option<String>,
+    #[schema(value_type = String, format = DateTime)]
     pub criada_em: Timestamp,
+    #[schema(value_type = String, format = DateTime)]
     pub atualizada_em: Timestamp,
 }
 
@@ -69,7 +78,34 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     Ok(Some(String::from_utf8_lossy(bytes).into_owned()))
 }
 
-/// `POST /transferencias` → `202` with the transfer, `PENDENTE`.
+/// Request a transfer: `202` with the transfer, `PENDENTE`.
+///
+/// The transfer and its `TransferenciaSolicitada` event are written in one database
+/// transaction; the event reaches Kafka through the outbox.
+#[utoipa::path(
+    post,
+    path = "/transferencias",
+    tag = "transferencias",
+    params((
+        "Idempotency-Key" = Option<String>, Header,
+        description = "1–255 visible ASCII characters. The same key with the same request answers 202 again with `Idempotent-Replayed: true`; with another request 422; while the first is in flight 409."
+    )),
+    request_body(content = TransferRequestBody, content_type = "application/json"),
+    responses(
+        (status = 202, description = "Accepted, status PENDENTE", body = TransferView,
+            headers(
+                ("Location" = String, description = "`/transferencias/{id}`"),
+                ("Idempotent-Replayed" = String, description = "`true` when this answers an earlier request with the same key")
+            )),
+        (status = 400, description = "Invalid request; `errors` lists each broken rule", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "A bearer token is required", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A request with this Idempotency-Key is in flight", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 16 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Body is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Idempotency-Key already used with another request", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database is unreachable; retry after `Retry-After`", body = Problem, content_type = "application/problem+json")
+    )
+)]
 #[tracing::instrument(skip_all, fields(transfer_id))]
 pub async fn create(
     State(state): State<AppState>,
@@ -115,7 +151,19 @@ pub async fn create(
     Ok(response)
 }
 
-/// `GET /transferencias/{id}`.
+/// One transfer.
+#[utoipa::path(
+    get,
+    path = "/transferencias/{id}",
+    tag = "transferencias",
+    params(("id" = Uuid, Path, description = "The transfer's id")),
+    responses(
+        (status = 200, description = "The transfer", body = TransferView),
+        (status = 400, description = "Malformed id", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "A bearer token is required", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "Unknown transfer", body = Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn get(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -135,7 +183,22 @@ pub struct ListQuery {
     limit: Option<String>,
 }
 
-/// `GET /transferencias?conta=&status=&limit=`, newest first.
+/// List transfers, newest first.
+#[utoipa::path(
+    get,
+    path = "/transferencias",
+    tag = "transferencias",
+    params(
+        ("conta" = Option<AccountId>, Query, description = "Either side of the transfer"),
+        ("status" = Option<StatusName>, Query),
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 500, description = "At most this many (default 50)")
+    ),
+    responses(
+        (status = 200, description = "Transfers", body = Vec<TransferView>),
+        (status = 400, description = "Bad query; `errors` lists each broken rule", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "A bearer token is required", body = Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn list(
     State(state): State<AppState>,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,

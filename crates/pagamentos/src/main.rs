@@ -14,6 +14,7 @@
 
 mod database;
 mod dlt;
+mod load;
 mod migrate;
 mod services;
 mod shutdown;
@@ -60,6 +61,10 @@ enum Command {
     /// Create or verify every topic idempotently; exit 1 if an existing topic differs from the
     /// configuration (partitions, replication factor, min.insync.replicas, retention).
     Topics(topics::TopicsCommand),
+    /// Drive transfers through the HTTP API on an open-loop schedule and report throughput and
+    /// latency from each POST to its final status; the last line is one JSON object. Exit 1
+    /// when any accepted transfer never reached a final status.
+    Loadgen(Box<loadgen::LoadgenArgs>),
     /// Check the books: the ledger's invariants 1–3 and, with `--scope all` (default), that a
     /// transfer is LIQUIDADA in transferencias iff the ledger settled it (4). Exit 1 and a
     /// report naming every break; 0 when clean.
@@ -133,6 +138,7 @@ fn main() -> ExitCode {
             Command::Notificacoes(args) => services::notifications(args).await,
             Command::All(args) => services::all(*args).await,
             Command::Dlt(args) => dlt::run(args).await,
+            Command::Loadgen(args) => load::run(*args).await,
         }
     });
     telemetry::logging::shutdown();

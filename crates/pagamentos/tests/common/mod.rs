@@ -1,5 +1,7 @@
 //! What the tests that run the real binary share.
 
+pub mod system;
+
 use std::process::Stdio;
 
 use tokio::process::Command;

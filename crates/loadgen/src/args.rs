@@ -1,0 +1,138 @@
+//! `pagamentos loadgen`'s arguments (`CONTRACT.md` §1).
+
+use std::fmt;
+use std::str::FromStr;
+
+use kafka::KafkaArgs;
+
+/// Drive transfers through the HTTP API and report throughput and latency.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LoadgenArgs {
+    /// Transfers per second to offer on an open-loop schedule (a late send counts from when it
+    /// was due); 0 = as fast as the system takes them, with --concurrency requests in flight.
+    #[arg(long, default_value_t = 100)]
+    pub rate: u32,
+
+    /// Seconds to send for.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub duration: u64,
+
+    /// Accounts to create and fund before sending (ids `LG<run>-<n>`).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(2..=1_000_000))]
+    pub accounts: u32,
+
+    /// How each transfer's accounts are drawn: `uniform`, or `zipf:S` (S ≥ 0; the larger S,
+    /// the more traffic lands on a few hot accounts).
+    #[arg(long, default_value = "uniform")]
+    pub skew: Skew,
+
+    /// Most requests in flight at once (the open loop's sender cap; with --rate 0, the number of
+    /// closed-loop senders).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub concurrency: u32,
+
+    /// Seconds to wait after the last send for every accepted transfer to reach a final status;
+    /// whatever has not by then is reported as `lost`.
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub drain_timeout: u64,
+
+    /// Largest amount of one transfer, in cents (amounts are drawn uniformly from 1 to this;
+    /// keep it below antifraud's block threshold for a load that settles).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(i64).range(1..))]
+    pub max_amount_cents: i64,
+
+    /// Opening balance of every account, in cents.
+    #[arg(long, default_value_t = 100_000_000_000, value_parser = clap::value_parser!(i64).range(0..))]
+    pub opening_balance_cents: i64,
+
+    /// The transferencias API.
+    #[arg(long, env = "LOADGEN_TRANSFERENCIAS_URL", default_value = "http://localhost:8080", value_parser = parse_base_url)]
+    pub transferencias_url: String,
+
+    /// The ledger's accounts API.
+    #[arg(long, env = "LOADGEN_LEDGER_URL", default_value = "http://localhost:8081", value_parser = parse_base_url)]
+    pub ledger_url: String,
+
+    /// Bearer token for the transfers API (when the services have one).
+    #[arg(long, env = "PAGAMENTOS_API_TOKEN", hide_env_values = true)]
+    pub api_token: Option<String>,
+
+    /// Bearer token for creating and funding accounts (when the ledger has one).
+    #[arg(long, env = "PAGAMENTOS_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+
+    /// Seed of the random draws (accounts, amounts); random when absent.
+    #[arg(long)]
+    pub seed: Option<u64>,
+
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+}
+
+/// How accounts are drawn.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Skew {
+    Uniform,
+    /// Zipf's law with exponent `s`: rank k is drawn with weight 1/k^s.
+    Zipf(f64),
+}
+
+impl FromStr for Skew {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if text == "uniform" {
+            return Ok(Self::Uniform);
+        }
+        let Some(exponent) = text.strip_prefix("zipf:") else {
+            return Err(format!("{text:?} is not `uniform` or `zipf:S`"));
+        };
+        match exponent.parse::<f64>() {
+            Ok(s) if s.is_finite() && s >= 0.0 => Ok(Self::Zipf(s)),
+            _ => Err(format!("zipf exponent {exponent:?} must be a number ≥ 0, e.g. zipf:1.1")),
+        }
+    }
+}
+
+impl fmt::Display for Skew {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Uniform => f.write_str("uniform"),
+            Self::Zipf(s) => write!(f, "zipf:{s}"),
+        }
+    }
+}
+
+/// An `http(s)://host[:port]` base URL, kept without a trailing slash.
+fn parse_base_url(text: &str) -> Result<String, String> {
+    let url = reqwest::Url::parse(text).map_err(|error| format!("{text:?} is not a URL: {error}"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err(format!("{text:?} must be an http:// or https:// URL with a host"));
+    }
+    Ok(text.trim_end_matches('/').to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skews_parse_and_print() {
+        assert_eq!("uniform".parse::<Skew>(), Ok(Skew::Uniform));
+        assert_eq!("zipf:1.1".parse::<Skew>(), Ok(Skew::Zipf(1.1)));
+        assert_eq!("zipf:0".parse::<Skew>(), Ok(Skew::Zipf(0.0)));
+        for bad in ["zipf", "zipf:", "zipf:-1", "zipf:x", "zipf:NaN", "zipf:inf", "pareto:1", ""] {
+            assert!(bad.parse::<Skew>().is_err(), "{bad:?} accepted");
+        }
+        assert_eq!(Skew::Zipf(1.5).to_string(), "zipf:1.5");
+    }
+
+    #[test]
+    fn base_urls_are_http_with_a_host() {
+        assert_eq!(parse_base_url("http://localhost:8080/").as_deref(), Ok("http://localhost:8080"));
+        assert!(parse_base_url("https://api.example:443").is_ok());
+        for bad in ["localhost:8080", "ftp://host", "http://", "not a url"] {
+            assert!(parse_base_url(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}

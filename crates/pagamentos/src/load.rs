@@ -1,0 +1,18 @@
+//! `pagamentos loadgen`: the load generator (`CONTRACT.md` §1); progress on stderr, the
+//! contract's JSON object as the last line on stdout, exit 1 when anything was lost.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+
+use crate::shutdown;
+
+pub async fn run(args: loadgen::LoadgenArgs) -> anyhow::Result<ExitCode> {
+    let stop = CancellationToken::new();
+    // ctrl-c ends the sending; what was accepted is still waited for and reported
+    shutdown::cancel_on_signal(stop.clone());
+    let report = loadgen::run(args, stop).await?;
+    println!("{}", serde_json::to_string(&report).context("encode the report")?);
+    Ok(if report.lost == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}

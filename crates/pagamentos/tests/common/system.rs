@@ -1,0 +1,150 @@
+#![allow(dead_code)]
+//! `pagamentos all` on a test's own topics, databases and ports.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::process::{Child, Command};
+
+use testkit::{TestDatabase, TestTopics};
+
+/// A free local port (bound, read, released: the service binds it a moment later).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port()
+}
+
+pub struct System {
+    pub topics: TestTopics,
+    pub transfers_db: TestDatabase,
+    pub ledger_db: TestDatabase,
+    pub ports: [u16; 4],
+    pub http: reqwest::Client,
+}
+
+impl System {
+    pub async fn new() -> Self {
+        testkit::init_logs();
+        let topics = TestTopics::plan(3).await;
+        let transfers_db = TestDatabase::empty().await;
+        let ledger_db = TestDatabase::empty().await;
+        let ports = [free_port(), free_port(), free_port(), free_port()];
+        Self { topics, transfers_db, ledger_db, ports, http: reqwest::Client::new() }
+    }
+
+    pub fn env(&self, command: &mut Command) {
+        command
+            .env("TRANSFERENCIAS_DATABASE_URL", &self.transfers_db.url)
+            .env("LEDGER_DATABASE_URL", &self.ledger_db.url)
+            .env("TRANSFERENCIAS_DATABASE_CONNECTIONS", "4")
+            .env("LEDGER_DATABASE_CONNECTIONS", "4")
+            .env("TRANSFERENCIAS_LISTEN", format!("127.0.0.1:{}", self.ports[0]))
+            .env("LEDGER_LISTEN", format!("127.0.0.1:{}", self.ports[1]))
+            .env("ANTIFRAUDE_LISTEN", format!("127.0.0.1:{}", self.ports[2]))
+            .env("NOTIFICACOES_LISTEN", format!("127.0.0.1:{}", self.ports[3]))
+            .env("PAGAMENTOS_INSTANCE_ID", testkit::unique("all"));
+    }
+
+    /// Starts `pagamentos all` and waits until every service is ready.
+    pub async fn start(&self) -> Child {
+        self.start_with(&[]).await
+    }
+
+    /// [`Self::start`] with more environment.
+    pub async fn start_with(&self, extra: &[(&str, &str)]) -> Child {
+        let mut command = super::service(&self.topics, "all");
+        self.env(&mut command);
+        command.envs(extra.iter().copied());
+        let child = command.spawn().expect("start pagamentos all");
+        for port in self.ports {
+            let url = format!("http://127.0.0.1:{port}/readyz");
+            testkit::eventually(&format!("{url} ready"), Duration::from_secs(60), || async {
+                let response = self.http.get(&url).send().await.ok()?;
+                response.status().is_success().then_some(())
+            })
+            .await;
+        }
+        child
+    }
+
+    pub fn api(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.ports[0])
+    }
+
+    pub fn ledger(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.ports[1])
+    }
+
+    pub async fn open_account(&self, id: &str, cents: i64) {
+        let response = self
+            .http
+            .post(self.ledger("/contas"))
+            .json(&json!({"id": id, "moeda": "BRL", "saldoInicialCentavos": cents}))
+            .send()
+            .await
+            .expect("POST /contas");
+        assert_eq!(response.status(), 201, "{}", response.text().await.unwrap_or_default());
+    }
+
+    /// POSTs a transfer; its id when accepted.
+    pub async fn transfer(&self, from: &str, to: &str, cents: i64) -> Option<String> {
+        let response = self
+            .http
+            .post(self.api("/transferencias"))
+            .json(&json!({"contaOrigem": from, "contaDestino": to, "valorEmCentavos": cents, "moeda": "BRL"}))
+            .send()
+            .await
+            .ok()?;
+        if response.status() != 202 {
+            return None;
+        }
+        let body: Value = response.json().await.ok()?;
+        body["id"].as_str().map(str::to_owned)
+    }
+
+    pub async fn final_status(&self, id: &str) -> (String, Value) {
+        testkit::eventually(&format!("transfer {id} final"), Duration::from_secs(60), || async {
+            let body: Value = self
+                .http
+                .get(self.api(&format!("/transferencias/{id}")))
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            let status = body["status"].as_str()?.to_owned();
+            (status != "PENDENTE").then(|| (status, body["motivoRejeicao"].clone()))
+        })
+        .await
+    }
+
+    pub async fn balance(&self, account: &str) -> i64 {
+        let body: Value = self
+            .http
+            .get(self.ledger(&format!("/contas/{account}")))
+            .send()
+            .await
+            .expect("GET /contas")
+            .json()
+            .await
+            .expect("account");
+        body["saldoCentavos"].as_i64().expect("saldoCentavos")
+    }
+
+    /// `pagamentos verify` on the system's databases: (exit code, report).
+    pub async fn verify(&self) -> (i32, String) {
+        let output = Command::new(env!("CARGO_BIN_EXE_pagamentos"))
+            .arg("verify")
+            .env("TRANSFERENCIAS_DATABASE_URL", &self.transfers_db.url)
+            .env("LEDGER_DATABASE_URL", &self.ledger_db.url)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .output()
+            .await
+            .expect("run verify");
+        let report =
+            format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        (output.status.code().unwrap_or(-1), report)
+    }
+}

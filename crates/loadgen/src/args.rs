@@ -9,7 +9,8 @@ use kafka::KafkaArgs;
 #[derive(Debug, Clone, clap::Args)]
 pub struct LoadgenArgs {
     /// Transfers per second to offer on an open-loop schedule (a late send counts from when it
-    /// was due); 0 = as fast as the system takes them, with --concurrency requests in flight.
+    /// was due); 0 = as fast as the system finishes them: --concurrency senders, each sending
+    /// its next transfer once its last one is final.
     #[arg(long, default_value_t = 100)]
     pub rate: u32,
 
@@ -26,8 +27,8 @@ pub struct LoadgenArgs {
     #[arg(long, default_value = "uniform")]
     pub skew: Skew,
 
-    /// Most requests in flight at once (the open loop's sender cap; with --rate 0, the number of
-    /// closed-loop senders).
+    /// Most requests in flight at once (the open loop's cap); with --rate 0, the number of
+    /// transfers in flight end to end.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub concurrency: u32,
 

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
@@ -42,6 +42,8 @@ use report::Latencies;
 const ACCOUNT_CONCURRENCY: usize = 32;
 /// Pending-list requests at once in the final check.
 const CHECK_CONCURRENCY: usize = 16;
+/// How long a closed-loop sender waits after a refused request.
+const REFUSED_PAUSE: Duration = Duration::from_millis(50);
 /// How often the progress line is printed.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
@@ -56,7 +58,12 @@ pub enum LoadgenError {
 /// What a sender learnt about one request.
 #[derive(Debug)]
 enum Answer {
-    Accepted { id: Uuid, due: Instant },
+    /// `done` (closed loop) fires when the transfer's final status is seen.
+    Accepted {
+        id: Uuid,
+        due: Instant,
+        done: Option<oneshot::Sender<()>>,
+    },
     Refused(String),
 }
 
@@ -69,6 +76,8 @@ struct Tally {
     early: HashMap<Uuid, Outcome>,
     /// Accepted and final: settled or not.
     finals: HashMap<Uuid, bool>,
+    /// Closed-loop senders waiting for their transfer to finish.
+    done: HashMap<Uuid, oneshot::Sender<()>>,
     accepted: u64,
     settled: u64,
     rejected: u64,
@@ -82,8 +91,11 @@ struct Tally {
 impl Tally {
     fn answer(&mut self, answer: Answer) {
         match answer {
-            Answer::Accepted { id, due } => {
+            Answer::Accepted { id, due, done } => {
                 self.accepted += 1;
+                if let Some(done) = done {
+                    self.done.insert(id, done);
+                }
                 match self.early.remove(&id) {
                     Some(outcome) => self.finish(outcome, due),
                     None => {
@@ -116,6 +128,9 @@ impl Tally {
 
     fn finish(&mut self, outcome: Outcome, due: Instant) {
         self.finals.insert(outcome.transfer_id, outcome.settled);
+        if let Some(done) = self.done.remove(&outcome.transfer_id) {
+            let _ = done.send(());
+        }
         if outcome.settled {
             self.settled += 1;
         } else {
@@ -354,7 +369,7 @@ impl Senders {
             };
             let Ok(slot) = slot else { break };
             let pick = draw.next(&mut rng);
-            let request = self.request(pick, due);
+            let request = self.request(pick, due, None);
             tracker.spawn(async move {
                 request.await;
                 drop(slot);
@@ -364,7 +379,9 @@ impl Senders {
         tracker.wait().await;
     }
 
-    /// `concurrency` senders, each sending its next transfer when the last is answered.
+    /// `concurrency` senders, each sending its next transfer once its last one is final: the
+    /// system's end-to-end capacity with a bounded number of transfers in flight, nothing
+    /// piling up in a queue. A refused request is retried after a short pause.
     async fn closed_loop(
         &self,
         draw: &Draw,
@@ -382,7 +399,16 @@ impl Senders {
             tracker.spawn(async move {
                 while Instant::now() < end && !stop.is_cancelled() {
                     let pick = draw.next(&mut rng);
-                    this.request(pick, Instant::now()).await;
+                    let (done, finished) = oneshot::channel();
+                    if this.request(pick, Instant::now(), Some(done)).await {
+                        tokio::select! {
+                            _ = finished => {}
+                            () = tokio::time::sleep_until(end.into()) => {}
+                            () = stop.cancelled() => {}
+                        }
+                    } else {
+                        tokio::time::sleep(REFUSED_PAUSE).await;
+                    }
                 }
             });
         }
@@ -399,8 +425,13 @@ impl Senders {
         }
     }
 
-    /// One POST; its answer goes to the collector.
-    fn request(&self, pick: Pick, due: Instant) -> impl std::future::Future<Output = ()> + Send + 'static {
+    /// One POST; its answer goes to the collector. True when accepted.
+    fn request(
+        &self,
+        pick: Pick,
+        due: Instant,
+        done: Option<oneshot::Sender<()>>,
+    ) -> impl std::future::Future<Output = bool> + Send + 'static {
         let api = self.api.clone();
         let accounts = self.accounts.clone();
         let sent = self.sent.clone();
@@ -415,10 +446,12 @@ impl Senders {
                 )
                 .await
             {
-                Sent::Accepted(id) => Answer::Accepted { id, due },
+                Sent::Accepted(id) => Answer::Accepted { id, due, done },
                 Sent::Refused(reason) => Answer::Refused(reason),
             };
+            let accepted = matches!(answer, Answer::Accepted { .. });
             let _ = answers.send(answer);
+            accepted
         }
     }
 }
@@ -437,11 +470,11 @@ mod tests {
         let due = Instant::now();
         let (a, b, foreign) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
         // a: answered, then final 20 ms after it was due
-        tally.answer(Answer::Accepted { id: a, due });
+        tally.answer(Answer::Accepted { id: a, due, done: None });
         tally.outcome(outcome(a, true, due + Duration::from_millis(20)));
         // b: final seen before its 202 arrived
         tally.outcome(outcome(b, false, due + Duration::from_millis(5)));
-        tally.answer(Answer::Accepted { id: b, due });
+        tally.answer(Answer::Accepted { id: b, due, done: None });
         // another system's transfer: never counted
         tally.outcome(outcome(foreign, true, due));
         // a repeat and a contradiction
@@ -462,7 +495,7 @@ mod tests {
     #[test]
     fn an_accepted_transfer_without_outcome_stays_waiting() {
         let mut tally = Tally::default();
-        tally.answer(Answer::Accepted { id: Uuid::new_v4(), due: Instant::now() });
+        tally.answer(Answer::Accepted { id: Uuid::new_v4(), due: Instant::now(), done: None });
         assert_eq!(tally.waiting.len(), 1);
         assert_eq!(tally.settled + tally.rejected, 0);
     }

@@ -11,7 +11,6 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tokio::process::{Child, Command};
 
-
 async fn terminate(child: &mut Child) -> std::process::ExitStatus {
     let pid = child.id().expect("pid").to_string();
     let status = Command::new("kill").args(["-TERM", &pid]).status().await.expect("kill -TERM");

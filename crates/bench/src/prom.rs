@@ -1,0 +1,190 @@
+//! The per-hop latency breakdown: Prometheus histograms scraped before and after a load, the
+//! difference of their buckets read as a distribution.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+/// One scrape: every sample line, keyed by its name and labels as written.
+#[derive(Debug, Clone, Default)]
+pub struct Scrape(BTreeMap<String, f64>);
+
+impl Scrape {
+    pub fn parse(text: &str) -> Self {
+        let mut samples = BTreeMap::new();
+        for line in text.lines().filter(|line| !line.starts_with('#') && !line.trim().is_empty()) {
+            if let Some((key, value)) = line.rsplit_once(' ') {
+                if let Ok(value) = value.parse::<f64>() {
+                    samples.insert(key.to_owned(), value);
+                }
+            }
+        }
+        Self(samples)
+    }
+
+    /// Bucket counts (upper bound, cumulative count) of histogram `name` whose labels contain
+    /// every `filter` pair, summed over the other labels.
+    fn buckets(&self, name: &str, filter: &[(&str, &str)]) -> Vec<(f64, f64)> {
+        let prefix = format!("{name}_bucket{{");
+        let mut by_bound: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
+        for (key, value) in &self.0 {
+            let Some(labels) = key.strip_prefix(&prefix).and_then(|rest| rest.strip_suffix('}')) else {
+                continue;
+            };
+            let labels = parse_labels(labels);
+            if !filter.iter().all(|(k, v)| labels.get(*k).map(String::as_str) == Some(*v)) {
+                continue;
+            }
+            let Some(le) = labels.get("le") else { continue };
+            let bound = if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap_or(f64::INFINITY) };
+            let entry = by_bound.entry(bound.to_bits()).or_insert((bound, 0.0));
+            entry.1 += value;
+        }
+        let mut buckets: Vec<(f64, f64)> = by_bound.into_values().collect();
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        buckets
+    }
+
+    fn sum_count(&self, name: &str, filter: &[(&str, &str)]) -> (f64, f64) {
+        let mut totals = (0.0, 0.0);
+        for (key, value) in &self.0 {
+            for (suffix, slot) in [("_sum", 0), ("_count", 1)] {
+                let Some(rest) = key.strip_prefix(name).and_then(|rest| rest.strip_prefix(suffix)) else {
+                    continue;
+                };
+                let labels = rest.strip_prefix('{').and_then(|rest| rest.strip_suffix('}')).unwrap_or("");
+                if !rest.is_empty() && !rest.starts_with('{') {
+                    continue;
+                }
+                let labels = parse_labels(labels);
+                if filter.iter().all(|(k, v)| labels.get(*k).map(String::as_str) == Some(*v)) {
+                    if slot == 0 {
+                        totals.0 += value;
+                    } else {
+                        totals.1 += value;
+                    }
+                }
+            }
+        }
+        totals
+    }
+}
+
+fn parse_labels(text: &str) -> BTreeMap<String, String> {
+    // label values here never contain `",` (they are our own names and numbers)
+    text.split("\",")
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim_matches('"').to_owned()))
+        .collect()
+}
+
+/// One hop's figures over a load.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Hop {
+    pub count: u64,
+    pub mean_ms: f64,
+    /// Interpolated within the histogram's buckets (coarse: 1, 2.5, 5, 10, 25, 50, 100 ms …).
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+}
+
+/// Histogram `name` (filtered by labels) between two scrapes.
+pub fn hop(before: &Scrape, after: &Scrape, name: &str, filter: &[(&str, &str)]) -> Option<Hop> {
+    let (sum0, count0) = before.sum_count(name, filter);
+    let (sum1, count1) = after.sum_count(name, filter);
+    let count = count1 - count0;
+    if count <= 0.0 {
+        return None;
+    }
+    let earlier: BTreeMap<u64, f64> =
+        before.buckets(name, filter).into_iter().map(|(bound, value)| (bound.to_bits(), value)).collect();
+    let delta: Vec<(f64, f64)> = after
+        .buckets(name, filter)
+        .into_iter()
+        .map(|(bound, value)| (bound, value - earlier.get(&bound.to_bits()).copied().unwrap_or(0.0)))
+        .collect();
+    Some(Hop {
+        count: count as u64,
+        mean_ms: round((sum1 - sum0) / count * 1_000.0),
+        p50_ms: round(quantile(&delta, 0.50) * 1_000.0),
+        p99_ms: round(quantile(&delta, 0.99) * 1_000.0),
+    })
+}
+
+fn round(value: f64) -> f64 {
+    (value * 100.0).round() / 100.0
+}
+
+/// The `q` quantile of cumulative buckets, interpolated linearly inside its bucket (as
+/// Prometheus' `histogram_quantile` does); the last finite bound when it falls in `+Inf`.
+pub fn quantile(buckets: &[(f64, f64)], q: f64) -> f64 {
+    let Some(&(_, total)) = buckets.last() else { return 0.0 };
+    if total <= 0.0 {
+        return 0.0;
+    }
+    let rank = q * total;
+    let mut lower = (0.0, 0.0);
+    for &(bound, cumulative) in buckets {
+        if cumulative >= rank {
+            if bound.is_infinite() {
+                return lower.0;
+            }
+            let inside = cumulative - lower.1;
+            let fraction = if inside > 0.0 { (rank - lower.1) / inside } else { 1.0 };
+            return lower.0 + (bound - lower.0) * fraction;
+        }
+        lower = (bound, cumulative);
+    }
+    lower.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BEFORE: &str = r#"# TYPE outbox_delivery_seconds histogram
+outbox_delivery_seconds_bucket{database="ledger",le="0.01"} 5
+outbox_delivery_seconds_bucket{database="ledger",le="0.1"} 10
+outbox_delivery_seconds_bucket{database="ledger",le="+Inf"} 10
+outbox_delivery_seconds_sum{database="ledger"} 0.5
+outbox_delivery_seconds_count{database="ledger"} 10
+outbox_delivery_seconds_bucket{database="transferencias",le="0.01"} 100
+outbox_delivery_seconds_bucket{database="transferencias",le="0.1"} 100
+outbox_delivery_seconds_bucket{database="transferencias",le="+Inf"} 100
+outbox_delivery_seconds_sum{database="transferencias"} 0.1
+outbox_delivery_seconds_count{database="transferencias"} 100
+"#;
+
+    #[test]
+    fn a_hop_is_the_difference_between_two_scrapes() {
+        let after = BEFORE
+            .replace("le=\"0.01\"} 5", "le=\"0.01\"} 55")
+            .replace("le=\"0.1\"} 10", "le=\"0.1\"} 110")
+            .replace("le=\"+Inf\"} 10\n", "le=\"+Inf\"} 110\n")
+            .replace("_sum{database=\"ledger\"} 0.5", "_sum{database=\"ledger\"} 3.0")
+            .replace("_count{database=\"ledger\"} 10", "_count{database=\"ledger\"} 110");
+        let hop = hop(
+            &Scrape::parse(BEFORE),
+            &Scrape::parse(&after),
+            "outbox_delivery_seconds",
+            &[("database", "ledger")],
+        )
+        .expect("traffic");
+        assert_eq!(hop.count, 100);
+        assert_eq!(hop.mean_ms, 25.0);
+        // 50 of 100 under 10 ms, the other 50 between 10 and 100 ms
+        assert_eq!(hop.p50_ms, 10.0);
+        assert_eq!(hop.p99_ms, 98.2);
+        // no traffic, no figures
+        assert!(super::hop(&Scrape::parse(BEFORE), &Scrape::parse(BEFORE), "outbox_delivery_seconds", &[])
+            .is_none());
+    }
+
+    #[test]
+    fn quantiles_interpolate_and_stop_at_the_last_finite_bound() {
+        let buckets = [(0.001, 0.0), (0.01, 50.0), (f64::INFINITY, 100.0)];
+        assert!((quantile(&buckets, 0.25) - 0.0055).abs() < 1e-9);
+        assert_eq!(quantile(&buckets, 0.99), 0.01);
+        assert_eq!(quantile(&[], 0.5), 0.0);
+    }
+}

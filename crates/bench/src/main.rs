@@ -251,30 +251,15 @@ impl System {
         offered: Option<u32>,
         extra: &[String],
     ) -> anyhow::Result<Measured> {
-        let parts = Parts { pagamentos: self.child.id().ok_or_else(|| anyhow!("pagamentos all exited"))? };
+        let pagamentos = self.child.id().ok_or_else(|| anyhow!("pagamentos all exited"))?;
         let mut database = PgConnection::connect(&args.database_url).await?;
         let scrape_before = self.metrics().await?;
-        let cpu_before = parts.cpu_ticks();
+        let cpu_before = Parts { pagamentos, loadgen: None }.cpu_ticks();
         let commits_before = commits(&mut database).await?;
         let started = Instant::now();
 
-        let (stop_sampling, mut stopped) = tokio::sync::watch::channel(false);
-        let sampler = tokio::spawn(async move {
-            let mut peak: BTreeMap<Part, u64> = BTreeMap::new();
-            loop {
-                for (part, kib) in parts.memory() {
-                    let slot = peak.entry(part).or_default();
-                    *slot = (*slot).max(kib);
-                }
-                tokio::select! {
-                    _ = stopped.changed() => return peak,
-                    () = tokio::time::sleep(Duration::from_millis(500)) => {}
-                }
-            }
-        });
-
         eprintln!("bench: {} — {load}", self.profile);
-        let output = Command::new(binary)
+        let child = Command::new(binary)
             .arg("loadgen")
             .args(["--accounts", &args.accounts.to_string()])
             .args(extra)
@@ -285,15 +270,37 @@ impl System {
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
-            .output()
-            .await
+            .spawn()
             .context("run pagamentos loadgen")?;
+        let parts = Parts { pagamentos, loadgen: child.id() };
+
+        // peak memory of each part, and loadgen's CPU as last seen (it is gone at the end)
+        let (stop_sampling, mut stopped) = tokio::sync::watch::channel(false);
+        let sampler = tokio::spawn(async move {
+            let mut peak: BTreeMap<Part, u64> = BTreeMap::new();
+            let mut loadgen_ticks = 0;
+            loop {
+                for (part, kib) in parts.memory() {
+                    let slot = peak.entry(part).or_default();
+                    *slot = (*slot).max(kib);
+                }
+                if let Some(&ticks) = parts.cpu_ticks().get(&Part::Loadgen) {
+                    loadgen_ticks = loadgen_ticks.max(ticks);
+                }
+                tokio::select! {
+                    _ = stopped.changed() => return (peak, loadgen_ticks),
+                    () = tokio::time::sleep(Duration::from_millis(250)) => {}
+                }
+            }
+        });
+        let output = child.wait_with_output().await.context("run pagamentos loadgen")?;
         let seconds = started.elapsed().as_secs_f64();
         // let PostgreSQL flush its statistics (at most once a second) before reading them
         tokio::time::sleep(Duration::from_millis(1_200)).await;
         let _ = stop_sampling.send(true);
-        let peak = sampler.await?;
-        let cpu_after = parts.cpu_ticks();
+        let (peak, loadgen_ticks) = sampler.await?;
+        let mut cpu_after = Parts { pagamentos, loadgen: None }.cpu_ticks();
+        cpu_after.insert(Part::Loadgen, loadgen_ticks);
         let commits_after = commits(&mut database).await?;
         let scrape_after = self.metrics().await?;
 
@@ -360,13 +367,13 @@ fn summary(args: &Args, runs: &[Measured], comparison: &str, date: &str, plot: &
         "## {date} — scripts/bench, commit `{}`\n\nMachine: {}. Loads: flat out = closed loop with {} transfers in flight end to end; 200/s = open loop; Zipf = flat out with `--skew {}`; sweep = open loop, {} s each. {} accounts per load. CPU in % of one core over the load (sending + draining).\n\n",
         args.commit, machine(), args.flat_concurrency, args.skew, args.sweep_duration, args.accounts
     );
-    text.push_str("| profile | load | sent | final | lost | throughput/s | p50 ms | p95 ms | p99 ms | max ms | CPU % pagamentos / kafka / postgres | memory MiB (PSS) pagamentos / kafka / postgres | PG commits/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    text.push_str("| profile | load | sent | final | lost | throughput/s | p50 ms | p95 ms | p99 ms | max ms | CPU % pagamentos / kafka / postgres / loadgen | memory MiB (PSS) pagamentos / kafka / postgres | PG commits/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for run in runs {
         let r = &run.report;
         let cpu = |part| run.cpu_percent.get(&part).copied().unwrap_or(0.0);
         let mem = |part| run.memory_mib_max.get(&part).copied().unwrap_or(0.0);
         text.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {} / {} / {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {} / {} | {} / {} / {} | {} |\n",
             run.profile,
             run.load,
             r.sent,
@@ -380,6 +387,7 @@ fn summary(args: &Args, runs: &[Measured], comparison: &str, date: &str, plot: &
             cpu(Part::Pagamentos),
             cpu(Part::Kafka),
             cpu(Part::Postgres),
+            cpu(Part::Loadgen),
             mem(Part::Pagamentos),
             mem(Part::Kafka),
             mem(Part::Postgres),

@@ -1,6 +1,6 @@
 //! CPU and memory (PSS) of the processes under test, read from `/proc`: `pagamentos all`, the Kafka
-//! broker (the JVM running `kafka.Kafka`) and PostgreSQL (every `postgres` process, plus what
-//! the postmaster collected from backends that exited).
+//! broker (the JVM running `kafka.Kafka`), PostgreSQL (every `postgres` process, plus what
+//! the postmaster collected from backends that exited) and `pagamentos loadgen`.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -17,12 +17,15 @@ pub enum Part {
     Pagamentos,
     Kafka,
     Postgres,
+    /// The load generator itself, on the same cores.
+    Loadgen,
 }
 
 /// The processes of each part, found again at each reading (PostgreSQL backends come and go).
 #[derive(Debug, Clone, Copy)]
 pub struct Parts {
     pub pagamentos: u32,
+    pub loadgen: Option<u32>,
 }
 
 fn read(path: String) -> Option<String> {
@@ -66,6 +69,9 @@ impl Parts {
     fn members(&self) -> BTreeMap<Part, Vec<(u32, bool)>> {
         let mut members: BTreeMap<Part, Vec<(u32, bool)>> = BTreeMap::new();
         members.entry(Part::Pagamentos).or_default().push((self.pagamentos, false));
+        if let Some(pid) = self.loadgen {
+            members.entry(Part::Loadgen).or_default().push((pid, false));
+        }
         for pid in all_pids() {
             let comm = read(format!("/proc/{pid}/comm")).unwrap_or_default();
             if comm.trim() == "postgres" {
@@ -122,7 +128,7 @@ mod tests {
 
     #[test]
     fn this_process_has_cpu_and_memory() {
-        let me = Parts { pagamentos: std::process::id() };
+        let me = Parts { pagamentos: std::process::id(), loadgen: None };
         let before = me.cpu_ticks();
         let mut x = 0u64;
         for i in 0..50_000_000u64 {

@@ -73,11 +73,19 @@ pub fn latency_vs_load(
 fn rasterise(svg: &str, png_path: &Path) -> anyhow::Result<()> {
     let mut options = resvg::usvg::Options::default();
     options.fontdb_mut().load_system_fonts();
-    // plotters names the generic family; map it to a font every Debian has (fonts-dejavu-core)
-    options.fontdb_mut().set_sans_serif_family("DejaVu Sans");
-    if options.fontdb.is_empty() {
-        return Err(anyhow!("no system fonts to draw the plot's text (install fonts-dejavu-core)"));
-    }
+    // plotters names the generic family, which resvg maps to Arial unless told: use DejaVu Sans
+    // (scripts/stack installs fonts-dejavu-core), else whatever font the machine has
+    let families: Vec<String> =
+        options.fontdb.faces().flat_map(|face| face.families.iter().map(|(name, _)| name.clone())).collect();
+    let family = families
+        .iter()
+        .find(|name| name.as_str() == "DejaVu Sans")
+        .or_else(|| families.first())
+        .cloned()
+        .ok_or_else(|| {
+            anyhow!("no system fonts to draw the plot's text (scripts/stack up installs fonts-dejavu-core)")
+        })?;
+    options.fontdb_mut().set_sans_serif_family(family);
     let tree = resvg::usvg::Tree::from_str(svg, &options).context("parse the plot")?;
     let size = tree.size().to_int_size();
     let mut pixmap =

@@ -53,6 +53,8 @@ pub enum LoadgenError {
     Http { what: String, detail: String },
     #[error("Kafka: could not {what}: {detail}")]
     Kafka { what: &'static str, detail: String },
+    #[error("the result collector failed: {0}")]
+    Task(String),
 }
 
 /// What a sender learnt about one request.
@@ -179,7 +181,11 @@ pub async fn run(args: LoadgenArgs, stop: CancellationToken) -> Result<Report, L
     let reader_stop = CancellationToken::new();
     let reader_task = tokio::spawn(reader.run(outcome_sink, reader_stop.clone()));
 
-    let rate = if args.rate == 0 { "as fast as accepted".to_owned() } else { format!("{}/s", args.rate) };
+    let rate = if args.rate == 0 {
+        "closed loop (each sender's next transfer once its last is final)".to_owned()
+    } else {
+        format!("{}/s", args.rate)
+    };
     eprintln!(
         "loadgen: sending {rate} for {} s over {} accounts ({}), up to {} in flight",
         args.duration, args.accounts, args.skew, args.concurrency
@@ -204,9 +210,7 @@ pub async fn run(args: LoadgenArgs, stop: CancellationToken) -> Result<Report, L
     // every answer is in the channel now; dropping the last sender handle closes it
     drop(senders);
     let _ = done_sending.send(true);
-    let tally = collector
-        .await
-        .map_err(|error| LoadgenError::Http { what: "collect".into(), detail: error.to_string() })?;
+    let tally = collector.await.map_err(|error| LoadgenError::Task(error.to_string()))?;
     reader_stop.cancel();
     let _ = reader_task.await;
 

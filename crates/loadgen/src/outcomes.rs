@@ -49,9 +49,9 @@ impl OutcomeReader {
     pub async fn open(args: &KafkaArgs, run: &str) -> Result<Self, LoadgenError> {
         let args = args.clone();
         let run = run.to_owned();
-        tokio::task::spawn_blocking(move || Self::open_blocking(&args, &run)).await.map_err(|error| {
-            LoadgenError::Kafka { what: "open the outcome reader", detail: error.to_string() }
-        })?
+        tokio::task::spawn_blocking(move || Self::open_blocking(&args, &run))
+            .await
+            .map_err(|error| LoadgenError::Task(error.to_string()))?
     }
 
     fn open_blocking(args: &KafkaArgs, run: &str) -> Result<Self, LoadgenError> {

@@ -37,8 +37,11 @@ pub fn with_bearer(mut document: OpenApi, description: &str) -> OpenApi {
 #[openapi(paths(openapi_json))]
 struct DocumentRoute;
 
-/// `GET /openapi.json` serving `document` (with this route added to it), outside auth.
-pub fn route<S: Clone + Send + Sync + 'static>(mut document: OpenApi) -> Router<S> {
+/// `GET /openapi.json`, outside auth, serving an API's `document` completed with the bearer
+/// scheme (described by `bearer`), `/healthz`, `/readyz`, `/metrics` and this route.
+pub fn route<S: Clone + Send + Sync + 'static>(document: OpenApi, bearer: &str) -> Router<S> {
+    let mut document = with_bearer(document, bearer);
+    document.merge(telemetry::health::openapi());
     document.merge(DocumentRoute::openapi());
     let json = document.to_json().unwrap_or_else(|error| {
         // A derived document always serialises; say so loudly if that ever stops being true.
@@ -65,13 +68,16 @@ mod tests {
     use serde_json::Value;
 
     #[test]
-    fn the_bearer_scheme_is_optional_and_the_route_documents_itself() {
+    fn the_bearer_scheme_is_optional_and_the_operational_routes_are_described() {
         let mut document = with_bearer(OpenApi::default(), "when a token is set");
+        document.merge(telemetry::health::openapi());
         document.merge(DocumentRoute::openapi());
         let value: Value = serde_json::to_value(&document).expect("json");
         assert_eq!(value["openapi"], "3.1.0");
         assert_eq!(value["components"]["securitySchemes"][BEARER]["scheme"], "bearer");
         assert_eq!(value["security"], serde_json::json!([{}, {"bearer": []}]));
-        assert!(value["paths"]["/openapi.json"]["get"].is_object());
+        for path in ["/openapi.json", "/healthz", "/readyz", "/metrics"] {
+            assert!(value["paths"][path]["get"].is_object(), "{path}");
+        }
     }
 }

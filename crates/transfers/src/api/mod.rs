@@ -37,9 +37,7 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(transfers::get))
         .route_layer(middleware::from_fn_with_state(state.tokens.clone(), web::auth::authenticate))
         .split_for_parts();
-    let mut document = web::openapi::with_bearer(document, openapi::BEARER);
-    document.merge(telemetry::health::openapi());
-    api.merge(web::openapi::route(document))
+    api.merge(web::openapi::route(document, openapi::BEARER))
         .fallback(|| async { web::ApiError::NotFound("no such route".into()) })
         .with_state(state)
         .layer(middleware::from_fn(web::observe))

@@ -270,13 +270,8 @@ impl DeadLetterTopic {
             .set("enable.partition.eof", "true");
         let consumer: BaseConsumer<Context> =
             config.create_with_context(Context).map_err(kafka("create consumer"))?;
-        let metadata = consumer.fetch_metadata(Some(topic), REQUEST_TIMEOUT).map_err(kafka("metadata"))?;
-        let partitions: Vec<i32> = metadata
-            .topics()
-            .iter()
-            .find(|meta| meta.name() == topic && meta.error().is_none())
-            .map(|meta| meta.partitions().iter().map(|partition| partition.id()).collect())
-            .unwrap_or_default();
+        let partitions = crate::topics::partitions(consumer.client(), topic, REQUEST_TIMEOUT)
+            .map_err(kafka("metadata"))?;
         if partitions.is_empty() {
             return Err(DltError::UnknownTopic(topic.to_owned()));
         }

@@ -189,6 +189,22 @@ pub async fn ensure(args: &KafkaArgs, settings: &TopicArgs, specs: &[TopicSpec])
     Ok(report)
 }
 
+/// The partition ids of `topic`, as `client`'s metadata has them; empty when the topic does not
+/// exist (or its metadata carries an error).
+pub fn partitions<C: rdkafka::client::ClientContext>(
+    client: &rdkafka::client::Client<C>,
+    topic: &str,
+    timeout: Duration,
+) -> rdkafka::error::KafkaResult<Vec<i32>> {
+    let metadata = client.fetch_metadata(Some(topic), timeout)?;
+    Ok(metadata
+        .topics()
+        .iter()
+        .find(|meta| meta.name() == topic && meta.error().is_none())
+        .map(|meta| meta.partitions().iter().map(|partition| partition.id()).collect())
+        .unwrap_or_default())
+}
+
 /// Deletes `names` (tests clean up after themselves with it). Unknown topics are ignored.
 pub async fn delete(args: &KafkaArgs, names: &[&str]) -> Result<(), Error> {
     if names.is_empty() {

@@ -307,6 +307,17 @@ async fn the_openapi_document_lists_every_route() {
     ledger.stop().await;
 }
 
+/// `body` without each of `fields` in turn is refused with a 400 naming that field.
+async fn refuses_each_missing(ledger: &TestLedger, path: &str, body: &Value, fields: &[String]) {
+    for field in fields {
+        let mut without = body.clone();
+        without.as_object_mut().expect("object").remove(field);
+        let (status, refusal) = problem(post(ledger, path, without).await).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path} without {field}");
+        assert_eq!(refusal["errors"][0]["field"], field.as_str());
+    }
+}
+
 /// The documented request bodies are what the handlers read: an example built from each schema's
 /// properties is accepted, and every property the schema requires is required by the handler.
 #[tokio::test]
@@ -336,13 +347,7 @@ async fn the_documented_request_bodies_are_what_the_handlers_read() {
         example("AccountRequestBody", &json!({"id": "CC-DOC", "moeda": "BRL", "saldoInicialCentavos": 100}));
     assert_eq!(required("AccountRequestBody"), ["id", "moeda"]);
     assert_eq!(post(&ledger, "/contas", account.clone()).await.status(), StatusCode::CREATED);
-    for field in required("AccountRequestBody") {
-        let mut body = account.clone();
-        body.as_object_mut().expect("object").remove(&field);
-        let (status, refusal) = problem(post(&ledger, "/contas", body).await).await;
-        assert_eq!(status, StatusCode::BAD_REQUEST, "{field}");
-        assert_eq!(refusal["errors"][0]["field"], field.as_str());
-    }
+    refuses_each_missing(&ledger, "/contas", &account, &required("AccountRequestBody")).await;
 
     let deposit = example(
         "DepositRequestBody",
@@ -353,13 +358,8 @@ async fn the_documented_request_bodies_are_what_the_handlers_read() {
         post(&ledger, "/contas/CC-DOC/depositos", deposit.clone()).await.status(),
         StatusCode::CREATED
     );
-    for field in required("DepositRequestBody") {
-        let mut body = deposit.clone();
-        body.as_object_mut().expect("object").remove(&field);
-        let (status, refusal) = problem(post(&ledger, "/contas/CC-DOC/depositos", body).await).await;
-        assert_eq!(status, StatusCode::BAD_REQUEST, "{field}");
-        assert_eq!(refusal["errors"][0]["field"], field.as_str());
-    }
+    refuses_each_missing(&ledger, "/contas/CC-DOC/depositos", &deposit, &required("DepositRequestBody"))
+        .await;
     // and what the handlers answer has the documented required fields
     let account: Value = get(&ledger, "/contas/CC-DOC").await.json().await.expect("account");
     for field in required("Account") {

@@ -337,6 +337,7 @@ async fn api_pending(
 }
 
 /// What every sender shares.
+#[derive(Clone)]
 struct Senders {
     api: Arc<Api>,
     accounts: Arc<Vec<String>>,
@@ -399,7 +400,7 @@ impl Senders {
             let mut rng = StdRng::seed_from_u64(seed.wrapping_add(u64::from(worker)));
             let draw = draw.clone();
             let stop = stop.clone();
-            let this = self.clone_handles();
+            let this = self.clone();
             tracker.spawn(async move {
                 while Instant::now() < end && !stop.is_cancelled() {
                     let pick = draw.next(&mut rng);
@@ -418,15 +419,6 @@ impl Senders {
         }
         tracker.close();
         tracker.wait().await;
-    }
-
-    fn clone_handles(&self) -> Self {
-        Self {
-            api: self.api.clone(),
-            accounts: self.accounts.clone(),
-            sent: self.sent.clone(),
-            answers: self.answers.clone(),
-        }
     }
 
     /// One POST; its answer goes to the collector. True when accepted.

@@ -68,14 +68,8 @@ impl OutcomeReader {
         let mut assignment = TopicPartitionList::new();
         for name in [topics::SETTLED, topics::REJECTED] {
             let topic = args.topic(name);
-            let metadata =
-                consumer.fetch_metadata(Some(&topic), METADATA_TIMEOUT).map_err(kafka_error("metadata"))?;
-            let partitions: Vec<i32> = metadata
-                .topics()
-                .iter()
-                .find(|meta| meta.name() == topic && meta.error().is_none())
-                .map(|meta| meta.partitions().iter().map(|partition| partition.id()).collect())
-                .unwrap_or_default();
+            let partitions = kafka::topics::partitions(consumer.client(), &topic, METADATA_TIMEOUT)
+                .map_err(kafka_error("metadata"))?;
             if partitions.is_empty() {
                 return Err(LoadgenError::Kafka {
                     what: "find the outcome topics",

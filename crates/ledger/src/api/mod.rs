@@ -24,7 +24,8 @@ use web::fields::{is_active_currency, validate_account_syntax, ISSUER_PREFIX};
 use web::problem::Kind;
 use web::{ApiError, Caller, FieldError, JsonBody, Problem};
 
-use self::openapi::{AccountId, AccountRequestBody, DepositRequestBody, EntryKind};
+use self::openapi::{AccountRequestBody, DepositRequestBody, EntryKind};
+use web::openapi::AccountId;
 
 use crate::error::{FailureKind, StoreError};
 use crate::store::{self, AccountRow, CreateAccountError, Deposit, DepositError, DepositMade, Entry};
@@ -47,7 +48,7 @@ pub struct AppState {
 /// The API routes and `/openapi.json` (health and metrics are merged in by the service,
 /// outside auth; the document describes them too).
 pub fn router(state: AppState) -> Router {
-    let (api, document) = OpenApiRouter::with_openapi(openapi::base())
+    let (api, document) = OpenApiRouter::with_openapi(<openapi::ApiDoc as utoipa::OpenApi>::openapi())
         .routes(routes!(create_account))
         .routes(routes!(get_account))
         .routes(routes!(deposit))

@@ -7,9 +7,9 @@
 //! and tests keep them and the handlers in step.
 
 use serde::{Deserialize, Serialize};
-use utoipa::openapi::OpenApi;
-use utoipa::{OpenApi as _, ToSchema};
+use utoipa::ToSchema;
 use uuid::Uuid;
+use web::openapi::AccountId;
 
 /// Description of the bearer scheme in this document.
 pub const BEARER: &str =
@@ -28,18 +28,6 @@ pub const BEARER: &str =
     )
 )]
 pub struct ApiDoc;
-
-/// The document's frame (info, shared schemas) before the routes add their paths.
-pub fn base() -> OpenApi {
-    let mut document = ApiDoc::openapi();
-    document.info.version = env!("CARGO_PKG_VERSION").into();
-    document
-}
-
-/// An account id: 1–32 of `A-Z a-z 0-9 _ -`.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-#[schema(pattern = "^[A-Za-z0-9_-]{1,32}$", example = "CC-001")]
-pub struct AccountId(pub String);
 
 /// `tipo` of an entry: debit or credit.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
@@ -80,7 +68,7 @@ mod tests {
 
     #[test]
     fn the_frame_is_openapi_3_1_with_the_problem_schema() {
-        let document = serde_json::to_value(base()).expect("json");
+        let document = serde_json::to_value(<ApiDoc as utoipa::OpenApi>::openapi()).expect("json");
         assert_eq!(document["openapi"], "3.1.0");
         assert_eq!(document["info"]["version"], env!("CARGO_PKG_VERSION"));
         assert!(document["components"]["schemas"]["Problem"].is_object());

@@ -32,7 +32,7 @@ pub struct AppState {
 /// The API routes and `/openapi.json` (health and metrics are merged in by the service,
 /// outside auth; the document describes them too).
 pub fn router(state: AppState) -> Router {
-    let (api, document) = OpenApiRouter::with_openapi(openapi::base())
+    let (api, document) = OpenApiRouter::with_openapi(<openapi::ApiDoc as utoipa::OpenApi>::openapi())
         .routes(routes!(transfers::create, transfers::list))
         .routes(routes!(transfers::get))
         .route_layer(middleware::from_fn_with_state(state.tokens.clone(), web::auth::authenticate))

@@ -6,8 +6,8 @@
 //! parser in step.
 
 use serde::{Deserialize, Serialize};
-use utoipa::openapi::OpenApi;
-use utoipa::{OpenApi as _, ToSchema};
+use utoipa::ToSchema;
+use web::openapi::AccountId;
 
 /// Description of the bearer scheme in this document.
 pub const BEARER: &str = "Required when PAGAMENTOS_API_TOKEN is set";
@@ -26,19 +26,6 @@ pub const BEARER: &str = "Required when PAGAMENTOS_API_TOKEN is set";
 )]
 #[derive(Debug)]
 pub struct ApiDoc;
-
-/// The document's frame (info, shared schemas) before the routes add their paths.
-pub fn base() -> OpenApi {
-    let mut document = ApiDoc::openapi();
-    document.info.version = env!("CARGO_PKG_VERSION").into();
-    document
-}
-
-/// An account id: 1–32 of `A-Z a-z 0-9 _ -`. `EMISSOR-…` accounts are the ledger's issuers and
-/// never a side of a transfer.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-#[schema(pattern = "^[A-Za-z0-9_-]{1,32}$", example = "CC-001")]
-pub struct AccountId(pub String);
 
 /// `status` of a transfer.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
@@ -68,6 +55,7 @@ pub enum RejectionName {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TransferRequestBody {
+    /// Never an `EMISSOR-…` account (the ledger's issuers).
     pub conta_origem: AccountId,
     /// Must differ from `contaOrigem`.
     pub conta_destino: AccountId,
@@ -87,7 +75,7 @@ mod tests {
     use serde_json::{json, Value};
 
     fn schema(name: &str) -> Value {
-        let document = serde_json::to_value(base()).expect("json");
+        let document = serde_json::to_value(<ApiDoc as utoipa::OpenApi>::openapi()).expect("json");
         document["components"]["schemas"][name].clone()
     }
 
@@ -128,7 +116,7 @@ mod tests {
 
     #[test]
     fn the_frame_is_openapi_3_1_with_the_problem_schema() {
-        let document = serde_json::to_value(base()).expect("json");
+        let document = serde_json::to_value(<ApiDoc as utoipa::OpenApi>::openapi()).expect("json");
         assert_eq!(document["openapi"], "3.1.0");
         assert_eq!(document["info"]["version"], env!("CARGO_PKG_VERSION"));
         let required = schema("Problem")["required"].clone();

@@ -9,10 +9,11 @@ use uuid::Uuid;
 
 use contracts::Timestamp;
 
-use super::openapi::{AccountId, RejectionName, StatusName, TransferRequestBody};
+use super::openapi::{RejectionName, StatusName, TransferRequestBody};
 use super::AppState;
 use crate::domain::{validate_account_syntax, FieldError, Status, TransferRequest};
 use crate::store::{self, Created, EventTarget, IdempotencyKey, ListFilter, Transfer};
+use web::openapi::AccountId;
 use web::{ApiError, Caller, JsonBody, Problem};
 
 /// `Idempotency-Key`.

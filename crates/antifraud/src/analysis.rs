@@ -7,8 +7,10 @@
 //! (its position stays past the batch; the in-memory records are produced again with the same
 //! derived ids). Before a retry the producer is registered anew and the group's committed
 //! offsets are read, so records whose transaction did commit after all (a lost commit answer)
-//! are not produced twice. Records of partitions this instance no longer owns are dropped from the retry:
-//! their new owner processes them from the last committed offset. A fatal producer error
+//! are not produced twice. Records of partitions revoked since they were received (a member
+//! fenced while paused learns of it only when it polls) are dropped by the consumer loop before
+//! every attempt, and those of partitions this instance no longer owns by the handler: their new
+//! owner processes them from the last committed offset. A fatal producer error
 //! (fenced by a newer instance with the same `transactional.id`) recreates the producer.
 
 use std::sync::Arc;
@@ -172,7 +174,9 @@ impl Analyser {
         let sends = futures::future::try_join_all(outputs.iter().map(|output| producer.send(output))).await;
         let result = async {
             sends?;
-            // read right before sending: under KIP-848 the member epoch can change silently
+            // read right before sending: under KIP-848 the member epoch can change silently.
+            // The broker checks that epoch, not which partitions the member owned when it read
+            // the records: the consumer loop has dropped those of partitions revoked since
             let group = self.consumer.group_metadata().ok_or(AnalysisError::NoGroupMetadata)?;
             producer.send_offsets(next_offsets(records.iter().copied()), group).await?;
             producer.commit().await?;
@@ -189,8 +193,19 @@ impl Analyser {
                 self.producer = None;
             }
         }
+        if self.producer.is_none() {
+            discard(producer);
+        }
         result.map(|()| committed_topics)
     }
+}
+
+/// Lets go of a producer that is being replaced, on the blocking pool: the last handle's drop
+/// destroys the librdkafka client, which waits for its threads and outstanding requests (for
+/// a fenced transactional producer that can take long), and must not stall a runtime worker or
+/// the loop that replaces it.
+fn discard(producer: TransactionalProducer) {
+    tokio::task::spawn_blocking(move || drop(producer));
 }
 
 impl Analyser {
@@ -202,7 +217,9 @@ impl Analyser {
         &mut self,
         records: Vec<&'a OwnedMessage>,
     ) -> Result<Vec<&'a OwnedMessage>, AnalysisError> {
-        self.producer = None;
+        if let Some(old) = self.producer.take() {
+            discard(old);
+        }
         self.producer().await?;
         let consumer = self.consumer.clone();
         let partitions = next_offsets(records.iter().copied());

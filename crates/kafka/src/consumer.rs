@@ -6,6 +6,14 @@
 //! redelivers, never loses. librdkafka commits stored offsets in the background and once more
 //! at shutdown. A failed batch is retried in place with exponential backoff (blocking retries:
 //! per-partition order is kept); records the handler can never process are its to dead-letter.
+//! While a batch waits for its retry the consumer is still polled, with its partitions paused:
+//! the group protocol needs the application to poll (a member that must re-join after a broker
+//! restart, a rebalance to acknowledge, `max.poll.interval.ms`), and a loop that only slept
+//! through a long outage would be fenced or stuck, its retries failing on a stale member.
+//! Before every attempt the batch loses the records whose partition was revoked after they
+//! were received ([`crate::context::Revocations`]): a member fenced while it was paused or
+//! partitioned away learns of it only when it polls, and by then the partition's new owner
+//! may have handled them.
 //!
 //! Shutdown is watched only between batches and during backoff, never while a handler runs:
 //! the batch in hand finishes, its offsets are stored and committed, then the loop returns.
@@ -22,7 +30,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::OffsetCommit;
-use crate::context::Context;
+use crate::context::{Context, Revocations};
 use crate::Error;
 
 /// A consumer built with [`crate::context::Context`].
@@ -30,7 +38,7 @@ pub type KafkaConsumer = StreamConsumer<Context>;
 
 /// Creates a consumer from `config` and subscribes it to `topics`.
 pub fn subscribe(config: &ClientConfig, topics: &[&str]) -> Result<Arc<KafkaConsumer>, Error> {
-    let consumer: KafkaConsumer = config.create_with_context(Context).map_err(Error::Config)?;
+    let consumer: KafkaConsumer = config.create_with_context(Context::default()).map_err(Error::Config)?;
     consumer.subscribe(topics).map_err(|source| Error::Consumer { operation: "subscribe", source })?;
     Ok(Arc::new(consumer))
 }
@@ -130,48 +138,184 @@ async fn consume<H: Handler>(
     options: &LoopOptions,
     shutdown: &CancellationToken,
 ) -> Result<(), Error> {
+    let revocations = &consumer.context().revocations;
+    // records taken while a failed batch waited for its retry (their partitions then paused)
+    let mut carried = Batch::default();
+    let mut paused = false;
     loop {
-        let batch = tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => return Ok(()),
-            batch = next_batch(consumer, options) => batch?,
+        let mut batch = if carried.records.is_empty() {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return Ok(()),
+                batch = next_batch(consumer, options) => batch?,
+            }
+        } else {
+            carried.split_off_front(options.batch_records_max)
         };
         let mut attempt = 0u32;
         loop {
+            // before every attempt: what a rebalance took away since it was received is not
+            // this consumer's any more (see `Revocations`)
+            let dropped = batch.drop_revoked(revocations);
+            if dropped > 0 {
+                tracing::info!(
+                    dropped,
+                    "records of partitions revoked since they were received dropped from the batch"
+                );
+            }
+            if batch.records.is_empty() {
+                break;
+            }
+            let batch_records = &batch.records;
             let started = Instant::now();
-            match handler.handle(&batch).await {
+            match handler.handle(batch_records).await {
                 Ok(()) => {
                     metrics::histogram!("kafka_batch_handling_seconds")
                         .record(started.elapsed().as_secs_f64());
                     if options.offsets == OffsetCommit::StoredAfterHandling {
-                        store_offsets(consumer, &batch);
+                        store_offsets(consumer, batch_records);
+                    }
+                    carried.drop_handled(batch_records);
+                    if paused && carried.records.is_empty() {
+                        set_paused(consumer, None, false);
+                        paused = false;
                     }
                     break;
                 }
                 Err(error) => {
                     attempt += 1;
                     let delay = options.backoff.delay(attempt);
-                    let first = &batch[0];
+                    let first = &batch_records[0];
                     metrics::counter!("retries_total", "topic" => first.topic().to_owned()).increment(1);
                     tracing::warn!(
                         error = %error_chain(&error),
                         attempt,
-                        records = batch.len(),
+                        records = batch_records.len(),
                         topic = first.topic(),
                         partition = first.partition(),
                         offset = first.offset(),
                         retry_in_ms = delay.as_millis() as u64,
                         "batch failed; retrying"
                     );
-                    tokio::select! {
-                        biased;
-                        // the batch stays unacknowledged: it is redelivered after restart
-                        _ = shutdown.cancelled() => return Ok(()),
-                        _ = tokio::time::sleep(delay) => {}
+                    if !paused {
+                        set_paused(consumer, None, true);
+                        paused = true;
+                    }
+                    // the batch stays unacknowledged: it is redelivered after restart
+                    if wait_polling(consumer, delay, shutdown, &mut carried).await? {
+                        return Ok(());
                     }
                 }
             }
         }
+        if paused && carried.records.is_empty() {
+            set_paused(consumer, None, false); // the whole batch was revoked during the retries
+            paused = false;
+        }
+    }
+}
+
+/// Records taken from the consumer, each with the [`Revocations`] tick at which it was taken.
+#[derive(Debug, Default)]
+struct Batch {
+    records: Vec<OwnedMessage>,
+    taken: Vec<u64>,
+}
+
+impl Batch {
+    fn push(&mut self, (record, taken): (OwnedMessage, u64)) {
+        self.records.push(record);
+        self.taken.push(taken);
+    }
+
+    /// The first `count` records as a batch of their own.
+    fn split_off_front(&mut self, count: usize) -> Batch {
+        let count = count.min(self.records.len());
+        Batch { records: self.records.drain(..count).collect(), taken: self.taken.drain(..count).collect() }
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&OwnedMessage, u64) -> bool) {
+        let records = std::mem::take(&mut self.records);
+        let taken = std::mem::take(&mut self.taken);
+        for (record, tick) in records.into_iter().zip(taken) {
+            if keep(&record, tick) {
+                self.push((record, tick));
+            }
+        }
+    }
+
+    /// Drops the records whose partition was revoked after they were taken; returns how many.
+    fn drop_revoked(&mut self, revocations: &Revocations) -> usize {
+        let before = self.records.len();
+        self.retain(|record, taken| !revocations.revoked_since(record.topic(), record.partition(), taken));
+        before - self.records.len()
+    }
+
+    /// Drops the records at or below an offset `handled` covered in their partition: a
+    /// partition lost and assigned again while a batch waited for its retry is fetched anew
+    /// from its committed offset, so what the batch just handled may come again.
+    fn drop_handled(&mut self, handled: &[OwnedMessage]) {
+        if self.records.is_empty() {
+            return;
+        }
+        let next = next_offsets(handled);
+        self.retain(|record, _| match next.find_partition(record.topic(), record.partition()) {
+            Some(element) => match element.offset() {
+                Offset::Offset(next) => record.offset() >= next,
+                _ => true,
+            },
+            None => true,
+        });
+    }
+}
+
+/// Sleeps `delay` while polling the consumer, whose partitions are paused: a record that was
+/// already on its way is kept in `carried` (in order, handled after the failed batch) and its
+/// partition paused, so at most a few records are held. `true` when `shutdown` came first.
+async fn wait_polling(
+    consumer: &KafkaConsumer,
+    delay: Duration,
+    shutdown: &CancellationToken,
+    carried: &mut Batch,
+) -> Result<bool, Error> {
+    let sleep = tokio::time::sleep(delay);
+    tokio::pin!(sleep);
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return Ok(true),
+            _ = &mut sleep => return Ok(false),
+            taken = receive_taken(consumer) => {
+                let taken = taken?;
+                // e.g. a partition assigned by a rebalance during the wait
+                set_paused(consumer, Some(&taken.0), true);
+                carried.push(taken);
+            }
+        }
+    }
+}
+
+/// Pauses or resumes `record`'s partition, or (with `None`) the whole current assignment.
+/// librdkafka resumes a partition from the position after the last record it handed out.
+fn set_paused(consumer: &KafkaConsumer, record: Option<&OwnedMessage>, pause: bool) {
+    let partitions = match record {
+        Some(record) => {
+            let mut list = TopicPartitionList::with_capacity(1);
+            list.add_partition(record.topic(), record.partition());
+            list
+        }
+        None => match consumer.assignment() {
+            Ok(assignment) => assignment,
+            Err(error) => {
+                tracing::info!(%error, pause, "no assignment to pause or resume");
+                return;
+            }
+        },
+    };
+    let result = if pause { consumer.pause(&partitions) } else { consumer.resume(&partitions) };
+    if let Err(error) = result {
+        // revoked meanwhile: nothing to pause or resume any more
+        tracing::info!(%error, pause, "pause/resume refused");
     }
 }
 
@@ -179,16 +323,16 @@ async fn consume<H: Handler>(
 const IDLE_POSITION_STORE: Duration = Duration::from_millis(500);
 
 /// Waits for one record, then takes more until the batch is full or `batch_wait_max` passed.
-async fn next_batch(consumer: &KafkaConsumer, options: &LoopOptions) -> Result<Vec<OwnedMessage>, Error> {
+async fn next_batch(consumer: &KafkaConsumer, options: &LoopOptions) -> Result<Batch, Error> {
     let first = loop {
         tokio::select! {
-            record = receive(consumer) => break record?,
+            taken = receive_taken(consumer) => break taken?,
             _ = tokio::time::sleep(IDLE_POSITION_STORE), if options.offsets == OffsetCommit::StoredAfterHandling => {
                 store_position(consumer)
             }
         }
     };
-    fill(consumer, first, options.batch_records_max, options.batch_wait_max).await
+    fill_taken(consumer, first, options.batch_records_max, options.batch_wait_max).await
 }
 
 /// Takes more records after `first` until `records_max` or `wait_max` after it. Not
@@ -200,16 +344,35 @@ pub(crate) async fn fill(
     records_max: usize,
     wait_max: Duration,
 ) -> Result<Vec<OwnedMessage>, Error> {
-    let mut batch = Vec::with_capacity(records_max.min(64));
+    let first = (first, consumer.context().revocations.now());
+    Ok(fill_taken(consumer, first, records_max, wait_max).await?.records)
+}
+
+/// [`fill`], each record with the tick at which it was taken.
+async fn fill_taken(
+    consumer: &KafkaConsumer,
+    first: (OwnedMessage, u64),
+    records_max: usize,
+    wait_max: Duration,
+) -> Result<Batch, Error> {
+    let capacity = records_max.min(64);
+    let mut batch = Batch { records: Vec::with_capacity(capacity), taken: Vec::with_capacity(capacity) };
     batch.push(first);
     let deadline = tokio::time::Instant::now() + wait_max;
-    while batch.len() < records_max {
-        match tokio::time::timeout_at(deadline, receive(consumer)).await {
-            Ok(record) => batch.push(record?),
+    while batch.records.len() < records_max {
+        match tokio::time::timeout_at(deadline, receive_taken(consumer)).await {
+            Ok(taken) => batch.push(taken?),
             Err(_elapsed) => break,
         }
     }
     Ok(batch)
+}
+
+/// [`receive`], with the [`Revocations`] tick right after the record was taken (a revocation
+/// served while polling for it came before it).
+async fn receive_taken(consumer: &KafkaConsumer) -> Result<(OwnedMessage, u64), Error> {
+    let record = receive(consumer).await?;
+    Ok((record, consumer.context().revocations.now()))
 }
 
 /// The next record; transient client errors are logged and waited out. Cancel-safe: a record
@@ -294,6 +457,56 @@ pub fn header<'a>(message: &'a impl Message, name: &str) -> Option<&'a [u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn record(topic: &str, partition: i32, offset: i64) -> OwnedMessage {
+        OwnedMessage::new(None, None, topic.into(), rdkafka::Timestamp::NotAvailable, partition, offset, None)
+    }
+
+    fn batch(records: &[(&str, i32, i64, u64)]) -> Batch {
+        let mut batch = Batch::default();
+        for (topic, partition, offset, taken) in records {
+            batch.push((record(topic, *partition, *offset), *taken));
+        }
+        batch
+    }
+
+    fn left(batch: &Batch) -> Vec<(&str, i32, i64, u64)> {
+        batch
+            .records
+            .iter()
+            .zip(&batch.taken)
+            .map(|(record, taken)| (record.topic(), record.partition(), record.offset(), *taken))
+            .collect()
+    }
+
+    #[test]
+    fn records_carried_through_a_retry_that_the_batch_already_handled_are_dropped() {
+        let handled = vec![record("a", 0, 5), record("a", 0, 6), record("a", 1, 9)];
+        let mut carried =
+            batch(&[("a", 0, 6, 0), ("a", 0, 7, 1), ("a", 1, 3, 2), ("a", 2, 0, 3), ("b", 0, 1, 4)]);
+        carried.drop_handled(&handled);
+        assert_eq!(left(&carried), [("a", 0, 7, 1), ("a", 2, 0, 3), ("b", 0, 1, 4)]);
+        let front = carried.split_off_front(2);
+        assert_eq!(left(&front), [("a", 0, 7, 1), ("a", 2, 0, 3)]);
+        assert_eq!(left(&carried), [("b", 0, 1, 4)]);
+    }
+
+    #[test]
+    fn records_of_a_partition_revoked_after_they_were_taken_are_dropped() {
+        let revocations = Revocations::default();
+        let t0 = revocations.now();
+        let mut taken = batch(&[("a", 0, 5, t0), ("a", 1, 7, t0)]);
+        assert_eq!(taken.drop_revoked(&revocations), 0, "nothing revoked");
+        let mut revoked = TopicPartitionList::new();
+        revoked.add_partition("a", 0);
+        // a rebalance served while polling: partition 0 revoked, then assigned again and
+        // fetched anew from its committed offset
+        revocations.record_for_test(&revoked);
+        let t1 = revocations.now();
+        taken.push((record("a", 0, 5), t1));
+        assert_eq!(taken.drop_revoked(&revocations), 1);
+        assert_eq!(left(&taken), [("a", 1, 7, t0), ("a", 0, 5, t1)]);
+    }
 
     #[test]
     fn backoff_doubles_up_to_its_cap() {

@@ -1,14 +1,69 @@
 //! The librdkafka client context shared by every client: its log lines go to `tracing` under
-//! the `librdkafka` target, and consumer rebalances are logged.
+//! the `librdkafka` target, and consumer rebalances are logged and counted in [`Revocations`].
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
+use rdkafka::TopicPartitionList;
 
 /// Context of every pagamentos Kafka client.
 #[derive(Debug, Clone, Default)]
-pub struct Context;
+pub struct Context {
+    /// The consumer's partition revocations (empty for other clients).
+    pub revocations: Arc<Revocations>,
+}
+
+/// When a consumer's partitions were revoked (or lost), on a clock that ticks once per
+/// revocation. A record taken at tick `t` whose partition was revoked after `t` is no longer
+/// the consumer's to handle, even if the partition came back since: a fenced member (a
+/// process paused past the session timeout) learns of it only when it polls again, by then
+/// the partition's new owner may have handled the record, and a partition assigned again is
+/// fetched anew from its committed offset. Handling such a record anyway would do its work
+/// twice, and in a Kafka transaction it would commit its outputs twice: the broker checks the
+/// member's epoch, not which partitions the member owned when it read the record.
+#[derive(Debug, Default)]
+pub struct Revocations {
+    clock: AtomicU64,
+    /// topic → partition → tick of its last revocation
+    last: Mutex<HashMap<String, HashMap<i32, u64>>>,
+}
+
+impl Revocations {
+    /// The current tick: taken with each record as it is received.
+    pub fn now(&self) -> u64 {
+        self.clock.load(Ordering::Acquire)
+    }
+
+    /// Whether `topic`/`partition` was revoked after tick `taken`.
+    pub fn revoked_since(&self, topic: &str, partition: i32, taken: u64) -> bool {
+        if self.now() == taken {
+            return false; // the fast path: no revocation at all since
+        }
+        let last = self.last.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        last.get(topic)
+            .and_then(|partitions| partitions.get(&partition))
+            .is_some_and(|revoked| *revoked > taken)
+    }
+
+    /// Records a revocation as a rebalance callback does (unit tests elsewhere in the crate).
+    #[cfg(test)]
+    pub(crate) fn record_for_test(&self, partitions: &TopicPartitionList) {
+        self.record(partitions);
+    }
+
+    fn record(&self, partitions: &TopicPartitionList) {
+        let mut last = self.last.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let tick = self.clock.fetch_add(1, Ordering::AcqRel) + 1;
+        for element in partitions.elements() {
+            last.entry(element.topic().to_owned()).or_default().insert(element.partition(), tick);
+        }
+    }
+}
 
 impl ClientContext for Context {
     fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
@@ -34,9 +89,24 @@ impl ClientContext for Context {
 }
 
 impl ConsumerContext for Context {
-    fn post_rebalance(&self, _consumer: &rdkafka::consumer::BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn pre_rebalance(&self, _consumer: &rdkafka::consumer::BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        // before librdkafka applies it: a record received from now on was fetched afterwards
+        if let Rebalance::Revoke(partitions) = rebalance {
+            self.revocations.record(partitions);
+        }
+    }
+
+    fn post_rebalance(&self, consumer: &rdkafka::consumer::BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Assign(partitions) => {
+                // a partition starts unpaused whatever an earlier ownership left: librdkafka
+                // keeps an application's pause through revocation and reassignment, and a
+                // partition paused by a loop that then lost it would never be fetched again
+                if partitions.count() > 0 {
+                    if let Err(error) = rdkafka::consumer::Consumer::resume(consumer, partitions) {
+                        tracing::warn!(%error, "newly assigned partitions not resumed");
+                    }
+                }
                 tracing::info!(partitions = partitions.count(), "partitions assigned")
             }
             Rebalance::Revoke(partitions) => {
@@ -44,5 +114,26 @@ impl ConsumerContext for Context {
             }
             Rebalance::Error(error) => tracing::warn!(%error, "rebalance error"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_is_stale_only_if_its_partition_was_revoked_after_it_was_taken() {
+        let revocations = Revocations::default();
+        let before = revocations.now();
+        let mut revoked = TopicPartitionList::new();
+        revoked.add_partition("a", 1);
+        revocations.record(&revoked);
+        let after = revocations.now();
+        assert!(revocations.revoked_since("a", 1, before));
+        assert!(!revocations.revoked_since("a", 0, before), "another partition");
+        assert!(!revocations.revoked_since("b", 1, before), "another topic");
+        assert!(!revocations.revoked_since("a", 1, after), "taken after the revocation");
+        revocations.record(&revoked);
+        assert!(revocations.revoked_since("a", 1, after), "revoked again");
     }
 }

@@ -82,7 +82,7 @@ impl std::fmt::Debug for Producer {
 
 impl Producer {
     pub fn new(config: &ClientConfig) -> Result<Self, Error> {
-        let inner = config.create_with_context(Context).map_err(Error::Config)?;
+        let inner = config.create_with_context(Context::default()).map_err(Error::Config)?;
         Ok(Self { inner })
     }
 

@@ -70,8 +70,9 @@ impl fmt::Display for Report {
 type Admin = AdminClient<Context>;
 
 fn connect(args: &KafkaArgs) -> Result<Arc<Admin>, Error> {
-    let admin: Admin =
-        admin_config(args, "pagamentos-admin").create_with_context(Context).map_err(Error::Config)?;
+    let admin: Admin = admin_config(args, "pagamentos-admin")
+        .create_with_context(Context::default())
+        .map_err(Error::Config)?;
     Ok(Arc::new(admin))
 }
 

@@ -195,7 +195,12 @@ pub async fn start(
     };
     relay_options.retention = Duration::from_secs(args.outbox_retention_seconds);
     tracker.spawn(Relay::new(pool.clone(), producer.clone(), relay_options).run(shutdown.clone()));
-    tracker.spawn(outbox::metrics::run(pool.clone(), "ledger", shutdown.clone()));
+    tracker.spawn(outbox::metrics::run(
+        pool.clone(),
+        "ledger",
+        outbox::metrics::Backlog::default(),
+        shutdown.clone(),
+    ));
 
     let consumer = kafka::consumer::subscribe(
         &consumer_config(&kafka, "ledger", &group, OffsetCommit::StoredAfterHandling),

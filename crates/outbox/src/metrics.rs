@@ -1,6 +1,8 @@
 //! The backlog gauges (`CONTRACT.md` §5): `outbox_pendentes` (unpublished rows) and
 //! `outbox_oldest_pending_seconds` (age of the oldest), labelled with the database.
 
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -20,8 +22,24 @@ pub async fn backlog(pool: &PgPool) -> Result<(i64, f64), sqlx::Error> {
     .await
 }
 
-/// Refreshes the gauges until `shutdown`.
-pub async fn run(pool: PgPool, database: &'static str, shutdown: CancellationToken) {
+/// The unpublished rows as last measured by [`run`] (0 until then), for whoever sheds load on
+/// it: the transfers API answers `503` past a bound instead of letting the outbox grow without
+/// limit while Kafka is away. Cheap to clone; clones share the value.
+#[derive(Debug, Clone, Default)]
+pub struct Backlog(Arc<AtomicI64>);
+
+impl Backlog {
+    pub fn rows(&self) -> i64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    pub fn set(&self, rows: i64) {
+        self.0.store(rows, Ordering::Relaxed)
+    }
+}
+
+/// Refreshes the gauges and `measured` until `shutdown`.
+pub async fn run(pool: PgPool, database: &'static str, measured: Backlog, shutdown: CancellationToken) {
     let mut interval = tokio::time::interval(REFRESH_INTERVAL);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -32,6 +50,7 @@ pub async fn run(pool: PgPool, database: &'static str, shutdown: CancellationTok
         }
         match backlog(&pool).await {
             Ok((rows, oldest_seconds)) => {
+                measured.set(rows);
                 ::metrics::gauge!("outbox_pendentes", "database" => database).set(rows as f64);
                 ::metrics::gauge!("outbox_oldest_pending_seconds", "database" => database)
                     .set(oldest_seconds);

@@ -73,6 +73,12 @@ pub struct TransfersArgs {
     #[arg(long, env = "OUTBOX_RETENTION_SECONDS", default_value_t = 86_400, value_parser = clap::value_parser!(u64).range(1..))]
     pub outbox_retention_seconds: u64,
 
+    /// Most unpublished outbox rows before `POST /transferencias` answers `503` with
+    /// `Retry-After` (load shedding while Kafka is away: the API keeps accepting transfers
+    /// until then). Measured once a second, so it may be passed by about a second's intake.
+    #[arg(long, env = "TRANSFERENCIAS_OUTBOX_MAX_PENDING", default_value_t = 100_000, value_parser = clap::value_parser!(i64).range(1..))]
+    pub outbox_max_pending: i64,
+
     /// When set, the API requires `Authorization: Bearer <token>`.
     #[arg(long, env = "PAGAMENTOS_API_TOKEN", hide_env_values = true)]
     pub api_token: Option<String>,
@@ -117,8 +123,11 @@ pub async fn start(
     kafka::topics::ensure_at_start(&kafka, &topic_args).await?;
 
     let producer = Producer::new(&producer_config(&kafka, "transferencias", profile.linger()))?;
+    let backlog = outbox::metrics::Backlog::default();
     let state = api::AppState {
         pool: pool.clone(),
+        backlog: backlog.clone(),
+        max_pending: args.outbox_max_pending,
         requested_topic: Arc::from(kafka.topic(topics::REQUESTED)),
         idempotency_ttl: Duration::from_secs(args.idempotency_key_ttl_seconds),
         tokens: web::Tokens { api: args.api_token.clone(), admin: args.admin_token.clone() },
@@ -140,7 +149,7 @@ pub async fn start(
     };
     relay_options.retention = Duration::from_secs(args.outbox_retention_seconds);
     tracker.spawn(Relay::new(pool.clone(), producer.clone(), relay_options).run(shutdown.clone()));
-    tracker.spawn(outbox::metrics::run(pool.clone(), "transferencias", shutdown.clone()));
+    tracker.spawn(outbox::metrics::run(pool.clone(), "transferencias", backlog, shutdown.clone()));
 
     let group = kafka.group(topics::groups::TRANSFERS_PROJECTION);
     let settled = kafka.topic(topics::SETTLED);

@@ -316,3 +316,68 @@ async fn the_openapi_document_describes_every_route() {
     assert_eq!(document["security"], serde_json::json!([{}, {"bearer": []}]));
     app.stop().await;
 }
+
+#[tokio::test]
+async fn past_the_outbox_bound_new_transfers_are_shed_with_503_and_retry_after() {
+    let app = spawn_app_with(|args| args.outbox_max_pending = 3).await;
+    // rows no broker takes (an empty topic name is refused before sending), so they stay
+    // pending, as rows do while Kafka is away
+    for n in 0..3 {
+        sqlx::query(
+            "INSERT INTO outbox_evento (id, topico, chave, tipo, payload) VALUES ($1, '', $2, 'X', '{}')",
+        )
+        .bind(uuid::Uuid::new_v4())
+        .bind(format!("stuck-{n}"))
+        .execute(&app.database.pool)
+        .await
+        .expect("stuck row");
+    }
+    // the backlog is measured once a second: until then transfers are still accepted
+    testkit::eventually(
+        "POST answered 503 once the backlog is measured",
+        Duration::from_secs(10),
+        || async {
+            let response = app.post_transfer(&transfer("SHED-A", "SHED-B", 100), None).await;
+            (response.status() == 503).then_some(())
+        },
+    )
+    .await;
+    let transfers_before: i64 = sqlx::query_scalar("SELECT count(*) FROM transferencia")
+        .fetch_one(&app.database.pool)
+        .await
+        .expect("count");
+    let shed = app.post_transfer(&transfer("SHED-A", "SHED-B", 100), Some("shed-1")).await;
+    assert_eq!(shed.status(), 503);
+    assert_eq!(shed.headers()["retry-after"], "5");
+    assert_eq!(shed.headers()["content-type"], "application/problem+json");
+    let problem: Value = shed.json().await.expect("problem");
+    assert_eq!(problem["type"], "/problems/overloaded");
+    assert_eq!(problem["status"], 503);
+    assert!(
+        problem["detail"]
+            .as_str()
+            .expect("detail")
+            .contains("3 transfers are waiting to be published (bound 3)"),
+        "{problem}"
+    );
+    // a broken request still learns what is wrong with it
+    let broken = app.post_transfer(&transfer("SHED-A", "SHED-A", 100), None).await;
+    assert_eq!(broken.status(), 400);
+    let transfers_after: i64 = sqlx::query_scalar("SELECT count(*) FROM transferencia")
+        .fetch_one(&app.database.pool)
+        .await
+        .expect("count");
+    assert_eq!(transfers_after, transfers_before, "a shed request wrote nothing");
+
+    // the backlog drains (here: the stuck rows go) and the same request, same key, is accepted
+    sqlx::query("DELETE FROM outbox_evento WHERE topico = ''")
+        .execute(&app.database.pool)
+        .await
+        .expect("unstick");
+    let accepted = testkit::eventually("POST accepted again", Duration::from_secs(10), || async {
+        let response = app.post_transfer(&transfer("SHED-A", "SHED-B", 100), Some("shed-1")).await;
+        (response.status() == 202).then_some(response)
+    })
+    .await;
+    assert!(accepted.headers().get("idempotent-replayed").is_none(), "the shed attempt left no trace");
+}

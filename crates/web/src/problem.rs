@@ -58,6 +58,9 @@ pub enum ApiError {
     /// 503: a dependency is down; retry later.
     #[error("{0}")]
     Unavailable(String),
+    /// 503: shedding load (a queue past its bound); retry after `retry_after_s` seconds.
+    #[error("{detail}")]
+    Overloaded { detail: String, retry_after_s: u32 },
     /// 500: our fault; the cause is logged, never shown.
     #[error("internal error")]
     Internal(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -106,6 +109,9 @@ impl ApiError {
             Self::Unavailable(_) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "/problems/unavailable", "Service unavailable")
             }
+            Self::Overloaded { .. } => {
+                (StatusCode::SERVICE_UNAVAILABLE, "/problems/overloaded", "Overloaded")
+            }
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "/problems/internal", "Internal error"),
         }
     }
@@ -133,6 +139,9 @@ impl IntoResponse for ApiError {
             }
             Self::Unavailable(_) => {
                 response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            Self::Overloaded { retry_after_s, .. } => {
+                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));
             }
             _ => {}
         }

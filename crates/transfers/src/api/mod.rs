@@ -27,6 +27,9 @@ pub struct AppState {
     pub requested_topic: Arc<str>,
     pub idempotency_ttl: Duration,
     pub tokens: web::Tokens,
+    /// The outbox backlog as last measured, and the bound past which new transfers get `503`.
+    pub backlog: outbox::metrics::Backlog,
+    pub max_pending: i64,
 }
 
 /// The API routes and `/openapi.json` (health and metrics are merged in by the service,

@@ -79,6 +79,27 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     Ok(Some(String::from_utf8_lossy(bytes).into_owned()))
 }
 
+/// How long a client shed by [`shed_load`] is asked to wait.
+pub const OVERLOADED_RETRY_AFTER_S: u32 = 5;
+
+/// `503` while the outbox holds `max_pending` or more unpublished rows (Kafka away or too
+/// slow): accepting more would only grow a queue nobody drains. Checked after validation, so
+/// a broken request still learns what is wrong with it.
+fn shed_load(state: &AppState) -> Result<(), ApiError> {
+    let pending = state.backlog.rows();
+    if pending < state.max_pending {
+        return Ok(());
+    }
+    metrics::counter!("transferencias_recusadas_total", "motivo" => "outbox_cheio").increment(1);
+    Err(ApiError::Overloaded {
+        detail: format!(
+            "{pending} transfers are waiting to be published (bound {}); retry in {OVERLOADED_RETRY_AFTER_S} s",
+            state.max_pending
+        ),
+        retry_after_s: OVERLOADED_RETRY_AFTER_S,
+    })
+}
+
 /// Request a transfer: `202` with the transfer, `PENDENTE`.
 ///
 /// The transfer and its `TransferenciaSolicitada` event are written in one database
@@ -104,7 +125,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
         (status = 413, description = "Body over 16 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Body is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Idempotency-Key already used with another request", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database is unreachable; retry after `Retry-After`", body = Problem, content_type = "application/problem+json")
+        (status = 503, description = "The database is unreachable (`/problems/unavailable`), or more transfers than the configured bound wait in the outbox for Kafka (`/problems/overloaded`); retry after `Retry-After` seconds", body = Problem, content_type = "application/problem+json")
     )
 )]
 #[tracing::instrument(skip_all, fields(transfer_id))]
@@ -116,6 +137,7 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let key = idempotency_key(&headers)?;
     let request = TransferRequest::parse(&body).map_err(ApiError::Validation)?;
+    shed_load(&state)?;
     let key = key.map(|key| IdempotencyKey {
         scope: caller.scope.clone(),
         key,

@@ -45,6 +45,7 @@ pub async fn spawn_app_with(configure: impl FnOnce(&mut transfers::TransfersArgs
         database_connections: 8,
         idempotency_key_ttl_seconds: 86_400,
         outbox_retention_seconds: 86_400,
+        outbox_max_pending: 100_000,
         api_token: None,
         admin_token: None,
     };

@@ -23,7 +23,30 @@ impl From<StoreError> for ApiError {
                 kind: KEY_IN_FLIGHT,
                 detail: "a request with this Idempotency-Key is still being processed; retry later".into(),
             },
+            StoreError::Database(ref database)
+            | StoreError::Outbox(outbox::Error::Database(ref database))
+                if outbox::error::classify(database) == outbox::error::FailureKind::Infrastructure =>
+            {
+                tracing::warn!(error = %telemetry::error_chain(&error), "transfers database unreachable");
+                ApiError::Unavailable("the transfers database is unreachable; retry later".into())
+            }
             other => ApiError::internal(other),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unreachable_database_is_a_503_and_any_other_failure_a_500() {
+        let unreachable = ApiError::from(StoreError::Database(sqlx::Error::PoolTimedOut));
+        assert!(matches!(unreachable, ApiError::Unavailable(_)), "{unreachable:?}");
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        let reset = ApiError::from(StoreError::Outbox(outbox::Error::Database(sqlx::Error::Io(io))));
+        assert!(matches!(reset, ApiError::Unavailable(_)), "{reset:?}");
+        let bug = ApiError::from(StoreError::KeyWithoutTransfer);
+        assert!(matches!(bug, ApiError::Internal(_)), "{bug:?}");
     }
 }

@@ -1,5 +1,6 @@
-// Exits 0 once the broker answers a metadata request (DescribeCluster) with a live controller
-// and at least one broker; used by scripts/stack, run with Java's single-file source launcher.
+// Exits 0 once the cluster answers a metadata request (DescribeCluster) with a live controller
+// and at least args[1] (default 1) brokers registered; used by scripts/stack, run with Java's
+// single-file source launcher.
 import java.util.Properties;
 import java.util.concurrent.TimeUnit;
 import org.apache.kafka.clients.admin.Admin;
@@ -16,8 +17,9 @@ public class Ready {
             DescribeClusterResult cluster = admin.describeCluster();
             int brokers = cluster.nodes().get(5, TimeUnit.SECONDS).size();
             String id = cluster.clusterId().get(5, TimeUnit.SECONDS);
-            if (brokers < 1) {
-                System.err.println("no broker registered yet");
+            int wanted = args.length > 1 ? Integer.parseInt(args[1]) : 1;
+            if (brokers < wanted) {
+                System.err.println(brokers + " of " + wanted + " broker(s) registered");
                 System.exit(1);
             }
             System.out.println("cluster " + id + ": " + brokers + " broker(s)");

@@ -185,11 +185,20 @@ impl Analyser {
         .await;
         let committed_topics = outputs.iter().map(|output| output.topic.clone()).collect();
         if let Err(error) = &result {
-            if let Err(abort) = producer.abort().await {
+            if matches!(error, AnalysisError::Kafka(kafka::Error::TransactionStuck { .. })) {
+                // a stuck call blocks every other transactional call of this producer
+                tracing::warn!(error = %kafka::consumer::error_chain(error), "transactional call stuck; recreating the producer");
+                self.producer = None;
+            } else if let Err(abort) = producer.abort().await {
                 tracing::warn!(error = %kafka::consumer::error_chain(&abort), "abort failed; recreating the producer");
                 self.producer = None;
             }
-            if matches!(error, AnalysisError::Kafka(kafka::Error::Transaction { fatal: true, .. })) {
+            if matches!(
+                error,
+                AnalysisError::Kafka(
+                    kafka::Error::Transaction { fatal: true, .. } | kafka::Error::TransactionStuck { .. }
+                )
+            ) {
                 self.producer = None;
             }
         }

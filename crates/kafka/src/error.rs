@@ -29,6 +29,12 @@ pub enum Error {
         #[source]
         source: KafkaError,
     },
+    /// A transactional call did not return in `waited`, although it was given a shorter
+    /// timeout: librdkafka waits for some transactional operations without bound (e.g.
+    /// `send_offsets_to_transaction` while the group coordinator moves after a broker dies).
+    /// The producer must be abandoned and a new one registered, which fences it.
+    #[error("transaction {operation} still blocked after {waited:?}; the producer is abandoned")]
+    TransactionStuck { operation: &'static str, waited: std::time::Duration },
     /// Receiving from or committing for a consumer failed.
     #[error("consumer {operation} failed")]
     Consumer {

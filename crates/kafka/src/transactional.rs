@@ -17,6 +17,10 @@ use crate::Error;
 /// How long one transactional call may block.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long a transactional call is waited for before it is declared stuck
+/// ([`Error::TransactionStuck`]): its own timeout and a margin.
+pub const STUCK_AFTER: Duration = Duration::from_secs(35);
+
 /// A producer with a `transactional.id`. Create it, then [`init`](Self::init) once; a fenced
 /// or otherwise fatal error means: drop it and create a new one.
 #[derive(Clone)]
@@ -58,9 +62,12 @@ impl TransactionalProducer {
         call: impl FnOnce(&FutureProducer<Context>) -> Result<T, KafkaError> + Send + 'static,
     ) -> Result<T, Error> {
         let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || call(&inner))
-            .await?
-            .map_err(|source| transaction_error(operation, source))
+        // the blocking thread of a stuck call stays blocked until the producer is fenced or
+        // destroyed; the caller is free to recreate the producer meanwhile
+        match tokio::time::timeout(STUCK_AFTER, tokio::task::spawn_blocking(move || call(&inner))).await {
+            Ok(joined) => joined?.map_err(|source| transaction_error(operation, source)),
+            Err(_elapsed) => Err(Error::TransactionStuck { operation, waited: STUCK_AFTER }),
+        }
     }
 
     /// Registers the `transactional.id` with the coordinator, fencing any older instance with

@@ -18,8 +18,11 @@
 //! its Kafka transactions); Σ balances of the accounts is what was paid in; `pagamentos verify` is clean;
 //! every outcome was notified; the dead-letter topics are empty. Its figures are its last line.
 //!
-//! It restarts the shared broker and database, so it is `#[ignore]`d and run alone by
-//! `scripts/test`. `PAGAMENTOS_CHAOS_ROUNDS=N` runs the fault schedule N times (a soak run);
+//! A second test runs the same workload on a three-broker cluster of its own (replication 3,
+//! `min.insync.replicas` 2) and SIGKILLs each broker in turn under load.
+//!
+//! They restart the shared broker and database or start a cluster, so they are `#[ignore]`d and
+//! run alone by `scripts/test`. `PAGAMENTOS_CHAOS_ROUNDS=N` runs the fault schedule N times (a soak run);
 //! `PAGAMENTOS_CHAOS_FAULTS=pause-all,restart-kafka` runs only the faults named (see [`Fault`]).
 
 mod common;
@@ -50,9 +53,12 @@ const OPENING_CENTS: i64 = 1_000_000;
 const RATE_PER_S: u64 = 40;
 /// Traffic between two faults.
 const BETWEEN_FAULTS: Duration = Duration::from_secs(4);
-/// Longer than the broker's `group.consumer.session.timeout.ms` (45 s by default) and the
-/// classic protocol's `session.timeout.ms` (10 s, set by the services).
-const PAUSE: Duration = Duration::from_secs(50);
+/// Longer than the group session timeout (the stack's `group.consumer.session.timeout.ms` and
+/// the classic `session.timeout.ms` the services set: 10 s) and antifraude's
+/// `transaction.timeout.ms` (10 s), so the paused instance is fenced on both counts.
+const PAUSE: Duration = Duration::from_secs(20);
+/// How long a killed Kafka node of a cluster stays down.
+const BROKER_DOWN: Duration = Duration::from_secs(8);
 /// How long one POST is retried before the client gives up on it.
 const POST_PATIENCE: Duration = Duration::from_secs(240);
 /// From the end of the traffic, how long the pipeline has to make every transfer final.
@@ -157,6 +163,8 @@ enum Fault {
     Restart(&'static str),
     /// SIGSTOP of A for [`PAUSE`], then SIGCONT.
     Pause,
+    /// SIGKILL of Kafka node n (1–3) of a [`Cluster`], started again after [`BROKER_DOWN`].
+    KillBroker(usize),
 }
 
 impl Fault {
@@ -200,6 +208,7 @@ impl Fault {
             }
             Fault::Restart(part) => format!("scripts/stack restart {part}"),
             Fault::Pause => format!("SIGSTOP A (pagamentos all) for {PAUSE:?}"),
+            Fault::KillBroker(node) => format!("SIGKILL of Kafka node {node} for {BROKER_DOWN:?}"),
         }
     }
 }
@@ -370,23 +379,112 @@ async fn dump_stacks(process: &Service, logs: &Path) {
     }
 }
 
+/// `PAGAMENTOS_CHAOS_ROUNDS`, default 1.
+fn rounds() -> usize {
+    std::env::var("PAGAMENTOS_CHAOS_ROUNDS").ok().map_or(1, |text| {
+        text.parse().ok().filter(|rounds| *rounds > 0).expect("PAGAMENTOS_CHAOS_ROUNDS: a positive number")
+    })
+}
+
 #[tokio::test]
 #[ignore = "restarts the shared broker and database: scripts/test runs it alone"]
 async fn money_is_neither_lost_nor_doubled_through_crashes_restarts_and_pauses() {
-    let rounds: usize = std::env::var("PAGAMENTOS_CHAOS_ROUNDS").ok().map_or(1, |text| {
-        text.parse().ok().filter(|rounds| *rounds > 0).expect("PAGAMENTOS_CHAOS_ROUNDS: a positive number")
-    });
-    let schedule = Fault::schedule();
     let system = System::new().await;
+    bank_under_faults(&system, &Fault::schedule(), rounds(), None).await;
+}
+
+#[tokio::test]
+#[ignore = "starts a three-broker Kafka cluster of its own: scripts/test runs it alone"]
+async fn with_three_brokers_killing_any_one_under_load_loses_nothing() {
+    let cluster = Cluster::up().await;
+    let mut args = testkit::kafka_args();
+    args.bootstrap_servers = cluster.bootstrap.clone();
+    // declared after the cluster, so dropped before it: its topics are deleted while it runs
+    let system = System::on_kafka(args, 3).await;
+    let schedule = [Fault::KillBroker(2), Fault::KillBroker(1), Fault::KillBroker(3)];
+    bank_under_faults(&system, &schedule, rounds(), Some(&cluster)).await;
+}
+
+/// A Kafka cluster of three broker+controller nodes of the test's own (`scripts/stack up kafka
+/// --brokers 3` with its own state directory and ports), beside the shared stack; stopped and
+/// wiped when dropped (and before it starts, should an earlier run have left one behind).
+struct Cluster {
+    state: PathBuf,
+    base_port: u16,
+    bootstrap: String,
+}
+
+impl Cluster {
+    const BASE_PORT: u16 = 19_092;
+
+    async fn up() -> Self {
+        let cluster = Self {
+            bootstrap: (0..3)
+                .map(|n| format!("127.0.0.1:{}", Self::BASE_PORT + 2 * n))
+                .collect::<Vec<_>>()
+                .join(","),
+            state: PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("chaos-cluster3"),
+            base_port: Self::BASE_PORT,
+        };
+        cluster.stop_and_wipe();
+        cluster.stack(&["up", "kafka", "--brokers", "3"]).await;
+        cluster
+    }
+
+    fn command(&self, args: &[&str]) -> std::process::Command {
+        let mut command =
+            std::process::Command::new(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/stack"));
+        command
+            .args(args)
+            .env("PAGAMENTOS_STACK_DIR", &self.state)
+            .env("KAFKA_BROKER_PORT", self.base_port.to_string());
+        command
+    }
+
+    /// `scripts/stack <args>` on this cluster.
+    async fn stack(&self, args: &[&str]) {
+        let mut command = self.command(args);
+        let status = tokio::task::spawn_blocking(move || command.status())
+            .await
+            .expect("join")
+            .expect("run scripts/stack");
+        assert!(status.success(), "scripts/stack {args:?} on the cluster failed");
+    }
+
+    fn stop_and_wipe(&self) {
+        if self.state.exists() {
+            let _ = self.command(&["down", "kafka"]).status();
+            let _ = std::fs::remove_dir_all(&self.state);
+        }
+    }
+
+    /// SIGKILL of node `n` (1–3): no controlled shutdown, as when a machine dies.
+    async fn kill(&self, n: usize) {
+        let pid_file = self.state.join(format!("kafka-cluster/node-{n}/broker.pid"));
+        let pid = std::fs::read_to_string(&pid_file).expect("broker.pid");
+        let status = Command::new("kill").args(["-KILL", pid.trim()]).status().await.expect("kill");
+        assert!(status.success(), "kill -KILL node {n}");
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop_and_wipe();
+    }
+}
+
+/// The bank workload on `system` through `schedule` (`rounds` times), then every check; its
+/// figures are printed as the last line.
+async fn bank_under_faults(system: &System, schedule: &[Fault], rounds: usize, cluster: Option<&Cluster>) {
     let (webhook, webhook_url) = Receiver::start().await;
     let logs = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(testkit::unique("chaos"));
     std::fs::create_dir_all(&logs).expect("log directory");
     eprintln!("[chaos] service logs in {}", logs.display());
     let (mut a, mut b) = deployments(&webhook_url);
     a.ports = system.ports.to_vec();
-    a.start(&system, &logs).await;
+    a.start(system, &logs).await;
     for service in &mut b {
-        service.start(&system, &logs).await;
+        service.start(system, &logs).await;
     }
     for n in 0..ACCOUNTS {
         system.open_account(&account(n), OPENING_CENTS).await;
@@ -403,7 +501,7 @@ async fn money_is_neither_lost_nor_doubled_through_crashes_restarts_and_pauses()
     tokio::time::sleep(BETWEEN_FAULTS).await;
     for round in 1..=rounds {
         eprintln!("[chaos] round {round} of {rounds}");
-        for fault in &schedule {
+        for fault in schedule {
             faults += 1;
             eprintln!(
                 "[chaos {:>6.1}s] fault {faults}: {}",
@@ -411,11 +509,17 @@ async fn money_is_neither_lost_nor_doubled_through_crashes_restarts_and_pauses()
                 fault.describe()
             );
             match fault {
+                Fault::KillBroker(node) => {
+                    let cluster = cluster.expect("a broker is killed only in a cluster of the test's own");
+                    cluster.kill(*node).await;
+                    tokio::time::sleep(BROKER_DOWN).await;
+                    cluster.stack(&["up", "kafka"]).await;
+                }
                 Fault::Kill(service) => {
                     let process = if *service == 4 { &mut a } else { &mut b[*service] };
                     process.kill().await;
                     tokio::time::sleep(Duration::from_secs(1)).await;
-                    process.start(&system, &logs).await;
+                    process.start(system, &logs).await;
                 }
                 Fault::Restart(part) => testkit::stack(&["restart", part]).await,
                 Fault::Pause => {
@@ -503,10 +607,10 @@ async fn money_is_neither_lost_nor_doubled_through_crashes_restarts_and_pauses()
         }
         counts
     };
-    let requests = count_by_transfer(&read_all(&system, &[system.topics.topic(topics::REQUESTED)]).await);
+    let requests = count_by_transfer(&read_all(system, &[system.topics.topic(topics::REQUESTED)]).await);
     let republished = requests.values().filter(|count| **count > 1).count();
     let outputs =
-        read_all(&system, &[system.topics.topic(topics::ANALYSED), system.topics.topic(topics::REJECTED)])
+        read_all(system, &[system.topics.topic(topics::ANALYSED), system.topics.topic(topics::REJECTED)])
             .await;
     let analysed = count_by_transfer(&outputs);
     let analysed_twice =
@@ -522,7 +626,7 @@ async fn money_is_neither_lost_nor_doubled_through_crashes_restarts_and_pauses()
 
     let dlts: Vec<String> =
         system.topics.names.iter().filter(|name| name.ends_with("-dlt")).cloned().collect();
-    let dead_letters = read_all(&system, &dlts).await;
+    let dead_letters = read_all(system, &dlts).await;
 
     let notified: HashSet<String> = webhook
         .calls()
@@ -551,7 +655,7 @@ async fn money_is_neither_lost_nor_doubled_through_crashes_restarts_and_pauses()
         "unnotified": unnotified,
     });
     if !lost.is_empty() {
-        diagnose(&system, &lost, &analysed).await;
+        diagnose(system, &lost, &analysed).await;
         for process in b.iter().chain([&a]) {
             dump_stacks(process, &logs).await;
         }

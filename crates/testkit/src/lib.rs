@@ -178,10 +178,14 @@ pub struct TestTopics {
 impl TestTopics {
     /// Creates the whole topic plan of the contract behind a fresh prefix.
     pub async fn plan(partitions: i32) -> Self {
-        let mut args = kafka_args();
+        Self::plan_on(kafka_args(), partitions, 1).await
+    }
+
+    /// [`Self::plan`] on the cluster `args` names, each topic with `replicas` replicas.
+    pub async fn plan_on(mut args: kafka::KafkaArgs, partitions: i32, replicas: i32) -> Self {
         args.topic_prefix = format!("{}.", unique("t"));
         let specs = contracts::topics::plan(&args.topic_prefix);
-        let settings = kafka::TopicArgs { partitions, replicas: 1 };
+        let settings = kafka::TopicArgs { partitions, replicas };
         let report = kafka::topics::ensure(&args, &settings, &specs).await.expect("create test topics");
         assert!(report.is_consistent(), "{report}");
         Self { names: specs.into_iter().map(|spec| spec.name).collect(), args }

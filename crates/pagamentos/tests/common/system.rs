@@ -16,6 +16,8 @@ pub fn free_port() -> u16 {
 
 pub struct System {
     pub topics: TestTopics,
+    /// Replication factor of the topics (1 on the local stack).
+    pub replicas: i32,
     pub transfers_db: TestDatabase,
     pub ledger_db: TestDatabase,
     pub ports: [u16; 4],
@@ -24,12 +26,17 @@ pub struct System {
 
 impl System {
     pub async fn new() -> Self {
+        Self::on_kafka(testkit::kafka_args(), 1).await
+    }
+
+    /// A system on the Kafka cluster `args` names, its topics with `replicas` replicas.
+    pub async fn on_kafka(args: kafka::KafkaArgs, replicas: i32) -> Self {
         testkit::init_logs();
-        let topics = TestTopics::plan(3).await;
+        let topics = TestTopics::plan_on(args, 3, replicas).await;
         let transfers_db = TestDatabase::empty().await;
         let ledger_db = TestDatabase::empty().await;
         let ports = [free_port(), free_port(), free_port(), free_port()];
-        Self { topics, transfers_db, ledger_db, ports, http: reqwest::Client::new() }
+        Self { topics, replicas, transfers_db, ledger_db, ports, http: reqwest::Client::new() }
     }
 
     pub fn env(&self, command: &mut Command) {
@@ -42,6 +49,7 @@ impl System {
             .env("LEDGER_LISTEN", format!("127.0.0.1:{}", self.ports[1]))
             .env("ANTIFRAUDE_LISTEN", format!("127.0.0.1:{}", self.ports[2]))
             .env("NOTIFICACOES_LISTEN", format!("127.0.0.1:{}", self.ports[3]))
+            .env("APP_KAFKA_REPLICAS", self.replicas.to_string())
             .env("PAGAMENTOS_INSTANCE_ID", testkit::unique("all"));
     }
 

@@ -334,26 +334,18 @@ async fn read_all(system: &System, topics: &[String]) -> Vec<Value> {
 /// its outcome published?
 async fn diagnose(system: &System, lost: &[&String], analysed: &HashMap<String, usize>) {
     let ids: Vec<uuid::Uuid> = lost.iter().map(|id| id.parse().expect("uuid")).collect();
-    let unpublished: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM outbox_evento WHERE publicado_em IS NULL AND (payload::jsonb->>'transferenciaId')::uuid = ANY($1)",
-    )
-    .bind(&ids)
-    .fetch_one(&system.transfers_db.pool)
-    .await
-    .expect("transfers outbox");
-    let decided: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM transferencia_processada WHERE transferencia_id = ANY($1)")
-            .bind(&ids)
-            .fetch_one(&system.ledger_db.pool)
-            .await
-            .expect("decided");
-    let outcome_unpublished: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM outbox_evento WHERE publicado_em IS NULL AND (payload::jsonb->>'transferenciaId')::uuid = ANY($1)",
-    )
-    .bind(&ids)
-    .fetch_one(&system.ledger_db.pool)
-    .await
-    .expect("ledger outbox");
+    let count = |sql: &'static str, pool: &'static str| {
+        let pool = if pool == "ledger" { &system.ledger_db.pool } else { &system.transfers_db.pool };
+        let ids = &ids;
+        async move { sqlx::query_scalar::<_, i64>(sql).bind(ids).fetch_one(pool).await.expect(sql) }
+    };
+    const UNPUBLISHED: &str = "SELECT count(*) FROM outbox_evento \
+        WHERE publicado_em IS NULL AND (payload::jsonb->>'transferenciaId')::uuid = ANY($1)";
+    let unpublished = count(UNPUBLISHED, "transferencias").await;
+    let decided =
+        count("SELECT count(*) FROM transferencia_processada WHERE transferencia_id = ANY($1)", "ledger")
+            .await;
+    let outcome_unpublished = count(UNPUBLISHED, "ledger").await;
     let was_analysed = lost.iter().filter(|id| analysed.contains_key(**id)).count();
     eprintln!(
         "[chaos] {} lost: request unpublished {unpublished}, analysed {was_analysed}, decided by the ledger {decided}, \

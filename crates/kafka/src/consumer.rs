@@ -141,7 +141,7 @@ async fn consume<H: Handler>(
     let revocations = &consumer.context().revocations;
     // records taken while a failed batch waited for its retry (their partitions then paused)
     let mut carried = Batch::default();
-    let mut paused = false;
+    let mut paused = Paused::default();
     loop {
         let mut batch = if carried.records.is_empty() {
             tokio::select! {
@@ -176,9 +176,8 @@ async fn consume<H: Handler>(
                         store_offsets(consumer, batch_records);
                     }
                     carried.drop_handled(batch_records);
-                    if paused && carried.records.is_empty() {
-                        set_paused(consumer, None, false);
-                        paused = false;
+                    if carried.records.is_empty() {
+                        paused.resume_all(consumer);
                     }
                     break;
                 }
@@ -197,20 +196,16 @@ async fn consume<H: Handler>(
                         retry_in_ms = delay.as_millis() as u64,
                         "batch failed; retrying"
                     );
-                    if !paused {
-                        set_paused(consumer, None, true);
-                        paused = true;
-                    }
+                    paused.pause_consumed(consumer);
                     // the batch stays unacknowledged: it is redelivered after restart
-                    if wait_polling(consumer, delay, shutdown, &mut carried).await? {
+                    if wait_polling(consumer, delay, shutdown, &mut carried, &mut paused).await? {
                         return Ok(());
                     }
                 }
             }
         }
-        if paused && carried.records.is_empty() {
-            set_paused(consumer, None, false); // the whole batch was revoked during the retries
-            paused = false;
+        if carried.records.is_empty() {
+            paused.resume_all(consumer); // the whole batch was revoked during the retries
         }
     }
 }
@@ -277,6 +272,7 @@ async fn wait_polling(
     delay: Duration,
     shutdown: &CancellationToken,
     carried: &mut Batch,
+    paused: &mut Paused,
 ) -> Result<bool, Error> {
     let sleep = tokio::time::sleep(delay);
     tokio::pin!(sleep);
@@ -288,34 +284,62 @@ async fn wait_polling(
             taken = receive_taken(consumer) => {
                 let taken = taken?;
                 // e.g. a partition assigned by a rebalance during the wait
-                set_paused(consumer, Some(&taken.0), true);
+                paused.pause(consumer, taken.0.topic(), taken.0.partition());
                 carried.push(taken);
             }
         }
     }
 }
 
-/// Pauses or resumes `record`'s partition, or (with `None`) the whole current assignment.
-/// librdkafka resumes a partition from the position after the last record it handed out.
-fn set_paused(consumer: &KafkaConsumer, record: Option<&OwnedMessage>, pause: bool) {
-    let partitions = match record {
-        Some(record) => {
-            let mut list = TopicPartitionList::with_capacity(1);
-            list.add_partition(record.topic(), record.partition());
-            list
-        }
-        None => match consumer.assignment() {
-            Ok(assignment) => assignment,
-            Err(error) => {
-                tracing::info!(%error, pause, "no assignment to pause or resume");
-                return;
+/// The partitions this loop paused while a batch waited for its retry, each with the
+/// [`Revocations`] tick at which it was paused.
+///
+/// Only partitions that have handed out records are paused (librdkafka then resumes them from
+/// the position after the last one), and only those are resumed, unless they were revoked
+/// since (the context unpauses a partition as it is revoked). Pausing or resuming any other
+/// partition is not harmless: librdkafka bumps the partition's op version either way, which
+/// discards a committed-offset lookup still in flight for a newly assigned partition, and the
+/// partition then starts from `auto.offset.reset` (the earliest offset): everything again.
+#[derive(Debug, Default)]
+struct Paused(Vec<(String, i32, u64)>);
+
+impl Paused {
+    /// Pauses every assigned partition that has a position (it handed out records).
+    fn pause_consumed(&mut self, consumer: &KafkaConsumer) {
+        let Ok(position) = consumer.position() else { return };
+        for element in position.elements() {
+            if matches!(element.offset(), Offset::Offset(_)) {
+                self.pause(consumer, element.topic(), element.partition());
             }
-        },
-    };
-    let result = if pause { consumer.pause(&partitions) } else { consumer.resume(&partitions) };
-    if let Err(error) = result {
-        // revoked meanwhile: nothing to pause or resume any more
-        tracing::info!(%error, pause, "pause/resume refused");
+        }
+    }
+
+    fn pause(&mut self, consumer: &KafkaConsumer, topic: &str, partition: i32) {
+        if self.0.iter().any(|(paused, number, _)| paused == topic && *number == partition) {
+            return;
+        }
+        let mut list = TopicPartitionList::with_capacity(1);
+        list.add_partition(topic, partition);
+        match consumer.pause(&list) {
+            Ok(()) => self.0.push((topic.to_owned(), partition, consumer.context().revocations.now())),
+            Err(error) => tracing::info!(%error, topic, partition, "pause refused (revoked meanwhile?)"),
+        }
+    }
+
+    /// Resumes what [`Self::pause`] paused and was not revoked since.
+    fn resume_all(&mut self, consumer: &KafkaConsumer) {
+        let revocations = &consumer.context().revocations;
+        let mut list = TopicPartitionList::new();
+        for (topic, partition, paused_at) in self.0.drain(..) {
+            if !revocations.revoked_since(&topic, partition, paused_at) {
+                list.add_partition(&topic, partition);
+            }
+        }
+        if list.count() > 0 {
+            if let Err(error) = consumer.resume(&list) {
+                tracing::info!(%error, "resume refused");
+            }
+        }
     }
 }
 

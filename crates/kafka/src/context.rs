@@ -89,24 +89,23 @@ impl ClientContext for Context {
 }
 
 impl ConsumerContext for Context {
-    fn pre_rebalance(&self, _consumer: &rdkafka::consumer::BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        // before librdkafka applies it: a record received from now on was fetched afterwards
+    fn pre_rebalance(&self, consumer: &rdkafka::consumer::BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(partitions) = rebalance {
+            // librdkafka keeps an application's pause through revocation and reassignment: a
+            // partition a loop paused and then lost would never be fetched again once it came
+            // back. Unpaused as it goes (resuming it at assignment instead would disturb the
+            // lookup of its committed offset).
+            if let Err(error) = rdkafka::consumer::Consumer::resume(consumer, partitions) {
+                tracing::debug!(%error, "revoked partitions not resumed");
+            }
+            // before librdkafka applies it: a record received from now on was fetched afterwards
             self.revocations.record(partitions);
         }
     }
 
-    fn post_rebalance(&self, consumer: &rdkafka::consumer::BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, _consumer: &rdkafka::consumer::BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Assign(partitions) => {
-                // a partition starts unpaused whatever an earlier ownership left: librdkafka
-                // keeps an application's pause through revocation and reassignment, and a
-                // partition paused by a loop that then lost it would never be fetched again
-                if partitions.count() > 0 {
-                    if let Err(error) = rdkafka::consumer::Consumer::resume(consumer, partitions) {
-                        tracing::warn!(%error, "newly assigned partitions not resumed");
-                    }
-                }
                 tracing::info!(partitions = partitions.count(), "partitions assigned")
             }
             Rebalance::Revoke(partitions) => {

@@ -185,20 +185,18 @@ impl Analyser {
         .await;
         let committed_topics = outputs.iter().map(|output| output.topic.clone()).collect();
         if let Err(error) = &result {
-            if matches!(error, AnalysisError::Kafka(kafka::Error::TransactionStuck { .. })) {
-                // a stuck call blocks every other transactional call of this producer
-                tracing::warn!(error = %kafka::consumer::error_chain(error), "transactional call stuck; recreating the producer");
-                self.producer = None;
-            } else if let Err(abort) = producer.abort().await {
-                tracing::warn!(error = %kafka::consumer::error_chain(&abort), "abort failed; recreating the producer");
-                self.producer = None;
+            let kafka_error = match error {
+                AnalysisError::Kafka(error) => Some(error),
+                _ => None,
+            };
+            // a stuck call blocks every other transactional call of this producer: no abort
+            if !matches!(kafka_error, Some(kafka::Error::TransactionStuck { .. })) {
+                if let Err(abort) = producer.abort().await {
+                    tracing::warn!(error = %kafka::consumer::error_chain(&abort), "abort failed; recreating the producer");
+                    self.producer = None;
+                }
             }
-            if matches!(
-                error,
-                AnalysisError::Kafka(
-                    kafka::Error::Transaction { fatal: true, .. } | kafka::Error::TransactionStuck { .. }
-                )
-            ) {
+            if kafka_error.is_some_and(kafka::Error::needs_new_producer) {
                 self.producer = None;
             }
         }

@@ -525,7 +525,7 @@ mod tests {
         revoked.add_partition("a", 0);
         // a rebalance served while polling: partition 0 revoked, then assigned again and
         // fetched anew from its committed offset
-        revocations.record_for_test(&revoked);
+        revocations.record(&revoked);
         let t1 = revocations.now();
         taken.push((record("a", 0, 5), t1));
         assert_eq!(taken.drop_revoked(&revocations), 1);

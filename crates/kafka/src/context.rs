@@ -50,13 +50,8 @@ impl Revocations {
             .is_some_and(|revoked| *revoked > taken)
     }
 
-    /// Records a revocation as a rebalance callback does (unit tests elsewhere in the crate).
-    #[cfg(test)]
-    pub(crate) fn record_for_test(&self, partitions: &TopicPartitionList) {
-        self.record(partitions);
-    }
-
-    fn record(&self, partitions: &TopicPartitionList) {
+    /// Records a revocation of `partitions` (the rebalance callback does).
+    pub(crate) fn record(&self, partitions: &TopicPartitionList) {
         let mut last = self.last.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let tick = self.clock.fetch_add(1, Ordering::AcqRel) + 1;
         for element in partitions.elements() {

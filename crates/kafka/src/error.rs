@@ -53,3 +53,11 @@ pub enum Error {
     #[error("blocking Kafka call did not complete")]
     Blocking(#[from] tokio::task::JoinError),
 }
+
+impl Error {
+    /// The transactional producer that returned this error cannot go on: drop it and register
+    /// a new one (which fences it).
+    pub fn needs_new_producer(&self) -> bool {
+        matches!(self, Self::Transaction { fatal: true, .. } | Self::TransactionStuck { .. })
+    }
+}

@@ -334,18 +334,19 @@ async fn read_all(system: &System, topics: &[String]) -> Vec<Value> {
 /// its outcome published?
 async fn diagnose(system: &System, lost: &[&String], analysed: &HashMap<String, usize>) {
     let ids: Vec<uuid::Uuid> = lost.iter().map(|id| id.parse().expect("uuid")).collect();
-    let count = |sql: &'static str, pool: &'static str| {
-        let pool = if pool == "ledger" { &system.ledger_db.pool } else { &system.transfers_db.pool };
-        let ids = &ids;
-        async move { sqlx::query_scalar::<_, i64>(sql).bind(ids).fetch_one(pool).await.expect(sql) }
-    };
+    async fn count(pool: &sqlx::PgPool, sql: &str, ids: &[uuid::Uuid]) -> i64 {
+        sqlx::query_scalar(sql).bind(ids).fetch_one(pool).await.expect(sql)
+    }
     const UNPUBLISHED: &str = "SELECT count(*) FROM outbox_evento \
         WHERE publicado_em IS NULL AND (payload::jsonb->>'transferenciaId')::uuid = ANY($1)";
-    let unpublished = count(UNPUBLISHED, "transferencias").await;
-    let decided =
-        count("SELECT count(*) FROM transferencia_processada WHERE transferencia_id = ANY($1)", "ledger")
-            .await;
-    let outcome_unpublished = count(UNPUBLISHED, "ledger").await;
+    let unpublished = count(&system.transfers_db.pool, UNPUBLISHED, &ids).await;
+    let decided = count(
+        &system.ledger_db.pool,
+        "SELECT count(*) FROM transferencia_processada WHERE transferencia_id = ANY($1)",
+        &ids,
+    )
+    .await;
+    let outcome_unpublished = count(&system.ledger_db.pool, UNPUBLISHED, &ids).await;
     let was_analysed = lost.iter().filter(|id| analysed.contains_key(**id)).count();
     eprintln!(
         "[chaos] {} lost: request unpublished {unpublished}, analysed {was_analysed}, decided by the ledger {decided}, \
@@ -605,15 +606,17 @@ async fn bank_under_faults(system: &System, schedule: &[Fault], rounds: usize, c
         read_all(system, &[system.topics.topic(topics::ANALYSED), system.topics.topic(topics::REJECTED)])
             .await;
     let analysed = count_by_transfer(&outputs);
-    let analysed_twice =
-        analysed.iter().filter(|(id, count)| **count > requests.get(*id).copied().unwrap_or(0)).count();
-    for (id, count) in &analysed {
-        if *count > requests.get(id).copied().unwrap_or(0) {
-            let copies: Vec<&Value> =
-                outputs.iter().filter(|output| output["transferenciaId"] == **id).collect();
-            eprintln!("[chaos] more outputs than requests: {copies:?}");
-        }
+    let over: Vec<&String> = analysed
+        .iter()
+        .filter(|(id, count)| **count > requests.get(*id).copied().unwrap_or(0))
+        .map(|(id, _)| id)
+        .collect();
+    for id in &over {
+        let copies: Vec<&Value> =
+            outputs.iter().filter(|output| output["transferenciaId"] == ***id).collect();
+        eprintln!("[chaos] more outputs than requests: {copies:?}");
     }
+    let analysed_twice = over.len();
     let unanalysed = accepted.iter().filter(|id| !analysed.contains_key(*id)).count();
 
     let dlts: Vec<String> =

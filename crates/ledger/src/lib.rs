@@ -47,6 +47,10 @@ pub use error::{Error, StoreError};
 /// The `ledger` database's migrations, applied by `pagamentos migrate` and on start.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
+/// The stack's `ledger` database, reached as its owner role `ledger`, which can connect to no
+/// other database of ours (`scripts/stack` creates both).
+pub const DEFAULT_DATABASE_URL: &str = "postgres://ledger:ledger@localhost:5432/ledger";
+
 /// Options of `pagamentos ledger`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct LedgerArgs {
@@ -66,7 +70,7 @@ pub struct LedgerArgs {
         value_name = "DATABASE_URL",
         long = "ledger-database-url",
         env = "LEDGER_DATABASE_URL",
-        default_value = "postgres://pagamentos:pagamentos@localhost:5432/ledger",
+        default_value = DEFAULT_DATABASE_URL,
         hide_env_values = true
     )]
     pub database_url: String,

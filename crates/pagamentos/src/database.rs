@@ -17,7 +17,7 @@ pub struct DatabaseArgs {
     #[arg(
         long,
         env = "TRANSFERENCIAS_DATABASE_URL",
-        default_value = "postgres://pagamentos:pagamentos@localhost:5432/transferencias",
+        default_value = transfers::DEFAULT_DATABASE_URL,
         hide_env_values = true
     )]
     pub transferencias_database_url: String,
@@ -26,7 +26,7 @@ pub struct DatabaseArgs {
     #[arg(
         long,
         env = "LEDGER_DATABASE_URL",
-        default_value = "postgres://pagamentos:pagamentos@localhost:5432/ledger",
+        default_value = ledger::DEFAULT_DATABASE_URL,
         hide_env_values = true
     )]
     pub ledger_database_url: String,

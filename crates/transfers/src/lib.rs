@@ -42,6 +42,11 @@ pub use error::Error;
 /// The `transferencias` database's migrations, applied by `pagamentos migrate` and on start.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
+/// The stack's `transferencias` database, reached as its owner role `transferencias`, which
+/// can connect to no other database of ours (`scripts/stack` creates both).
+pub const DEFAULT_DATABASE_URL: &str =
+    "postgres://transferencias:transferencias@localhost:5432/transferencias";
+
 /// How often expired Idempotency-Keys are deleted.
 const KEY_CLEANUP_INTERVAL: Duration = Duration::from_secs(600);
 
@@ -56,7 +61,7 @@ pub struct TransfersArgs {
     #[arg(
         long = "transferencias-database-url",
         env = "TRANSFERENCIAS_DATABASE_URL",
-        default_value = "postgres://pagamentos:pagamentos@localhost:5432/transferencias",
+        default_value = DEFAULT_DATABASE_URL,
         hide_env_values = true
     )]
     pub database_url: String,

@@ -31,9 +31,14 @@ impl telemetry::health::ReadinessCheck for KafkaReady {
     }
 
     fn check(&self) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
-        let producer = self.producer.inner().clone();
+        let producer = self.producer.inner();
         let topic = self.topic.clone();
         Box::pin(async move {
+            // a producer stopped by a fatal error connects to no broker again: say why (the
+            // next send replaces it, see `Producer`)
+            if let Some((code, reason)) = producer.client().fatal_error() {
+                return Err(format!("producer stopped by a fatal error ({code:?}): {reason}"));
+            }
             tokio::task::spawn_blocking(move || {
                 producer.client().fetch_metadata(Some(&topic), Duration::from_millis(1500)).map(drop)
             })

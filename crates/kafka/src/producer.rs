@@ -1,9 +1,11 @@
 //! The idempotent producer every service publishes with, and the record it takes.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::ClientConfig;
 
 use crate::context::Context;
@@ -68,46 +70,137 @@ pub struct Delivered {
     pub offset: i64,
 }
 
-/// `acks=all`, idempotent producer (see [`crate::config::producer_config`]). Cheap to clone.
+/// `acks=all`, idempotent producer (see [`crate::config::producer_config`]). Cheap to clone:
+/// clones share one librdkafka producer.
+///
+/// It heals itself from a fatal error. An idempotent producer that loses track of its
+/// sequence numbers (after a broker restart: `UNKNOWN_PRODUCER_ID` it cannot retry safely, a
+/// sequence desynchronisation) stops for good: every later send fails and it never connects to
+/// a broker again, so `/readyz` would say "BrokerTransportFailure" until the process restarts.
+/// The send that sees such an error fails as usual (its caller retries it: an outbox row stays
+/// pending, a consumer batch is retried) and the producer is replaced by a new one with the
+/// same configuration, a new producer id. Counted in `kafka_produtor_recriado_total{cliente}`.
 #[derive(Clone)]
 pub struct Producer {
-    inner: FutureProducer<Context>,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    config: ClientConfig,
+    client_id: String,
+    current: Mutex<FutureProducer<Context>>,
 }
 
 impl std::fmt::Debug for Producer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Producer").finish_non_exhaustive()
+        f.debug_struct("Producer").field("client_id", &self.shared.client_id).finish_non_exhaustive()
     }
 }
 
 impl Producer {
     pub fn new(config: &ClientConfig) -> Result<Self, Error> {
-        let inner = config.create_with_context(Context::default()).map_err(Error::Config)?;
-        Ok(Self { inner })
+        let current = config.create_with_context(Context::default()).map_err(Error::Config)?;
+        let client_id = config.get("client.id").unwrap_or("rdkafka").to_owned();
+        Ok(Self {
+            shared: Arc::new(Shared { config: config.clone(), client_id, current: Mutex::new(current) }),
+        })
     }
 
     /// Publishes `record` and waits for the broker's acknowledgement (all in-sync replicas).
     /// A full local queue is waited out, never turned into an error.
     pub async fn send(&self, record: &OutgoingRecord) -> Result<Delivered, Error> {
-        let result = self
-            .inner
+        let producer = self.inner();
+        let result = producer
             .send(record.as_future_record(record.owned_headers()), rdkafka::util::Timeout::Never)
             .await;
         match result {
             Ok(delivery) => Ok(Delivered { partition: delivery.partition, offset: delivery.offset }),
-            Err((source, _message)) => Err(Error::Produce { topic: record.topic.clone(), source }),
+            Err((source, _message)) => {
+                if let Some((code, reason)) = producer.client().fatal_error() {
+                    self.replace(&producer, code, &reason);
+                }
+                Err(Error::Produce { topic: record.topic.clone(), source })
+            }
+        }
+    }
+
+    /// Replaces `failed` by a new producer, unless another send already did.
+    fn replace(&self, failed: &FutureProducer<Context>, code: RDKafkaErrorCode, reason: &str) {
+        let mut current = self.shared.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if current.client().native_ptr() != failed.client().native_ptr() {
+            return;
+        }
+        match self.shared.config.create_with_context(Context::default()) {
+            Ok(fresh) => {
+                let old = std::mem::replace(&mut *current, fresh);
+                drop(current);
+                tracing::warn!(client = %self.shared.client_id, ?code, reason, "producer hit a fatal error: replaced by a new one");
+                metrics::counter!("kafka_produtor_recriado_total", "cliente" => self.shared.client_id.clone()).increment(1);
+                // destroying a producer purges, flushes (up to 500 ms) and joins its thread
+                match tokio::runtime::Handle::try_current() {
+                    Ok(runtime) => drop(runtime.spawn_blocking(move || drop(old))),
+                    Err(_) => drop(old),
+                }
+            }
+            Err(error) => {
+                tracing::error!(client = %self.shared.client_id, %error, "producer hit a fatal error and could not be replaced");
+            }
         }
     }
 
     /// Waits until every queued record was acknowledged or `timeout` passed.
     pub async fn flush(&self, timeout: Duration) -> Result<(), Error> {
-        let inner = self.inner.clone();
+        let inner = self.inner();
         tokio::task::spawn_blocking(move || inner.flush(timeout))
             .await?
             .map_err(|source| Error::Produce { topic: "(flush)".into(), source })
     }
 
-    pub fn inner(&self) -> &FutureProducer<Context> {
-        &self.inner
+    /// The librdkafka producer in use now (a cheap handle; a fatal error replaces it).
+    pub fn inner(&self) -> FutureProducer<Context> {
+        self.shared.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+
+    use super::*;
+    use crate::config::producer_config;
+    use crate::KafkaArgs;
+
+    /// librdkafka's mock cluster: a broker that answers a sequence error on demand.
+    #[tokio::test]
+    async fn a_producer_stopped_by_a_fatal_error_is_replaced_and_publishes_again() {
+        let cluster = MockCluster::new(1).expect("mock cluster");
+        cluster.create_topic("pagamentos", 1, 1).expect("topic");
+        let producer = Producer::new(&producer_config(
+            &KafkaArgs::new(cluster.bootstrap_servers()),
+            "test",
+            Duration::ZERO,
+        ))
+        .expect("producer");
+        let record = OutgoingRecord::new("pagamentos", "CC-001", "{}");
+        producer.send(&record).await.expect("a healthy producer publishes");
+        let first = producer.inner();
+
+        // the head-of-line request refused for its sequence: librdkafka stops the idempotent
+        // producer for good (it can no longer promise order or once-ness)
+        cluster.request_errors(
+            RDKafkaApiKey::Produce,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER],
+        );
+        producer.send(&record).await.expect_err("the send that meets the fatal error fails");
+        assert!(first.client().fatal_error().is_some(), "librdkafka stopped the first producer");
+
+        let second = producer.inner();
+        assert_ne!(second.client().native_ptr(), first.client().native_ptr(), "replaced");
+        assert!(second.client().fatal_error().is_none());
+        producer.send(&record).await.expect("the new producer publishes");
+        // clones share the replacement
+        let clone = producer.clone();
+        assert_eq!(clone.inner().client().native_ptr(), second.client().native_ptr());
     }
 }

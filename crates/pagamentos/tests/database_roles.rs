@@ -16,11 +16,7 @@ fn on_test_server(default_url: &str) -> PgConnectOptions {
 
 async fn refused(options: PgConnectOptions) -> String {
     match options.connect().await {
-        Ok(_) => panic!(
-            "role {} reached database {:?}",
-            options.get_username(),
-            options.get_database()
-        ),
+        Ok(_) => panic!("role {} reached database {:?}", options.get_username(), options.get_database()),
         Err(sqlx::Error::Database(e)) => {
             assert_eq!(e.code().as_deref(), Some("42501"), "not a privilege refusal: {e}");
             e.message().to_owned()

@@ -47,12 +47,19 @@ async fn schemathesis(port: u16, seconds: u64) -> (bool, String) {
                  SCHEMATHESIS; or `pip install schemathesis` and put it on PATH)"
             )
         });
-    let report = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    let report =
+        format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     // a runtime error's traceback can quote whole source files: keep the report readable
     let report = report
         .lines()
         .take(400)
-        .map(|line| if line.len() > 300 { format!("{}…", &line[..line.floor_char_boundary(300)]) } else { line.to_owned() })
+        .map(|line| {
+            if line.len() > 300 {
+                format!("{}…", &line[..line.floor_char_boundary(300)])
+            } else {
+                line.to_owned()
+            }
+        })
         .collect::<Vec<_>>()
         .join("\n");
     (output.status.success(), report)

@@ -54,12 +54,18 @@ pub struct EventTarget<'a> {
 const SELECT_TRANSFER: &str = "SELECT id, conta_origem, conta_destino, valor_centavos, moeda, status, \
      motivo_rejeicao, criada_em, atualizada_em FROM transferencia";
 
-/// How long a request waits for another request holding the same Idempotency-Key before it is
-/// answered `409`.
-const IN_FLIGHT_WAIT_MS: u32 = 200;
+/// The transfer row's columns as `create` returns them.
+const RETURNING_TRANSFER: &str =
+    "RETURNING id, conta_origem, conta_destino, valor_centavos, moeda, status, motivo_rejeicao, criada_em, atualizada_em";
 
 /// In one transaction: claim the Idempotency-Key (if any), insert the transfer, insert its
-/// `TransferenciaSolicitada` in the outbox.
+/// `TransferenciaSolicitada` in the outbox. Four round trips to PostgreSQL on the way that
+/// accepts a transfer: `BEGIN`, the key and the transfer in one statement, the outbox row,
+/// `COMMIT`.
+///
+/// A key is claimed under a transaction-scoped advisory lock on (scope, key), taken without
+/// waiting: a request that finds it held answers `409` at once (the other request is in
+/// flight), and a request holding it never waits on another's uncommitted claim.
 pub async fn create(
     pool: &PgPool,
     request: &TransferRequest,
@@ -69,103 +75,115 @@ pub async fn create(
     // an expired key found in the way is deleted and the claim retried once
     for _ in 0..2 {
         let mut tx = pool.begin().await?;
-        if let Some(key) = key {
-            match claim_key(&mut tx, key).await? {
-                Claim::Claimed(id) => {
-                    let transfer = insert_transfer(&mut tx, id, request, target).await?;
-                    tx.commit().await?;
-                    return Ok(Created::New(transfer));
-                }
-                Claim::Taken { fingerprint, transfer_id, expired: false } => {
-                    drop(tx);
-                    if fingerprint != key.fingerprint {
-                        return Err(StoreError::KeyReused);
-                    }
-                    let transfer = find(pool, transfer_id).await?.ok_or(StoreError::KeyWithoutTransfer)?;
-                    return Ok(Created::Replayed(transfer));
-                }
-                Claim::Taken { expired: true, .. } => {
-                    sqlx::query("DELETE FROM chave_idempotencia WHERE escopo = $1 AND chave = $2 AND expira_em <= now()")
+        let Some(key) = key else {
+            let transfer = insert_transfer(&mut tx, request, None, target).await?;
+            let transfer = transfer.expect("without a key the transfer is always inserted");
+            tx.commit().await?;
+            return Ok(Created::New(transfer));
+        };
+        match insert_transfer(&mut tx, request, Some(key), target).await? {
+            Some(transfer) => {
+                tx.commit().await?;
+                return Ok(Created::New(transfer));
+            }
+            None => {
+                let held: Option<(String, Uuid, bool)> = sqlx::query_as(
+                    "SELECT hash_requisicao, transferencia_id, expira_em <= now() FROM chave_idempotencia \
+                     WHERE escopo = $1 AND chave = $2",
+                )
+                .bind(&key.scope)
+                .bind(&key.key)
+                .fetch_optional(&mut *tx)
+                .await?;
+                match held {
+                    // claimed by a request not committed yet
+                    None => return Err(StoreError::KeyInFlight),
+                    Some((_, _, true)) => {
+                        // only the lock's holder may delete: another deleting it is in flight
+                        let deleted = sqlx::query(
+                            "DELETE FROM chave_idempotencia \
+                             WHERE escopo = $1 AND chave = $2 AND expira_em <= now() \
+                               AND pg_try_advisory_xact_lock(hashtext($1), hashtext($2))",
+                        )
                         .bind(&key.scope)
                         .bind(&key.key)
                         .execute(&mut *tx)
-                        .await?;
-                    tx.commit().await?;
-                    continue;
+                        .await?
+                        .rows_affected();
+                        if deleted == 0 {
+                            return Err(StoreError::KeyInFlight);
+                        }
+                        tx.commit().await?;
+                    }
+                    Some((fingerprint, transfer_id, false)) => {
+                        drop(tx);
+                        if fingerprint != key.fingerprint {
+                            return Err(StoreError::KeyReused);
+                        }
+                        let transfer =
+                            find(pool, transfer_id).await?.ok_or(StoreError::KeyWithoutTransfer)?;
+                        return Ok(Created::Replayed(transfer));
+                    }
                 }
             }
         }
-        let transfer = insert_transfer(&mut tx, Uuid::new_v4(), request, target).await?;
-        tx.commit().await?;
-        return Ok(Created::New(transfer));
     }
     Err(StoreError::KeyInFlight)
 }
 
-enum Claim {
-    Claimed(Uuid),
-    Taken { fingerprint: String, transfer_id: Uuid, expired: bool },
-}
-
-async fn claim_key(tx: &mut Transaction<'_, Postgres>, key: &IdempotencyKey) -> Result<Claim, StoreError> {
-    // a request still holding the key (uncommitted) makes ours wait on its row: bounded, then 409
-    sqlx::query(&format!("SET LOCAL lock_timeout = '{IN_FLIGHT_WAIT_MS}ms'")).execute(&mut **tx).await?;
-    let id = Uuid::new_v4();
-    let claimed = sqlx::query(
-        "INSERT INTO chave_idempotencia (escopo, chave, hash_requisicao, transferencia_id, expira_em) \
-         VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5)) ON CONFLICT DO NOTHING",
-    )
-    .bind(&key.scope)
-    .bind(&key.key)
-    .bind(&key.fingerprint)
-    .bind(id)
-    .bind(key.ttl.as_secs_f64())
-    .execute(&mut **tx)
-    .await
-    .map_err(|error| match &error {
-        sqlx::Error::Database(database) if database.code().as_deref() == Some("55P03") => {
-            StoreError::KeyInFlight
-        }
-        _ => StoreError::Database(error),
-    })?
-    .rows_affected();
-    sqlx::query("SET LOCAL lock_timeout = 0").execute(&mut **tx).await?;
-    if claimed == 1 {
-        return Ok(Claim::Claimed(id));
-    }
-    let (fingerprint, transfer_id, expired): (String, Uuid, bool) = sqlx::query_as(
-        "SELECT hash_requisicao, transferencia_id, expira_em <= now() FROM chave_idempotencia \
-         WHERE escopo = $1 AND chave = $2",
-    )
-    .bind(&key.scope)
-    .bind(&key.key)
-    .fetch_one(&mut **tx)
-    .await?;
-    Ok(Claim::Taken { fingerprint, transfer_id, expired })
-}
-
+/// Inserts the transfer and its outbox event; with a key, only if this request claims it (in
+/// the same statement as the transfer): `None` when the key is taken or its lock held.
 async fn insert_transfer(
     tx: &mut Transaction<'_, Postgres>,
-    id: Uuid,
     request: &TransferRequest,
+    key: Option<&IdempotencyKey>,
     target: &EventTarget<'_>,
-) -> Result<Transfer, StoreError> {
+) -> Result<Option<Transfer>, StoreError> {
+    let id = Uuid::new_v4();
     // microseconds, as PostgreSQL stores them: the event's criadaEm equals the row's criada_em
     let created_at = Timestamp::now();
-    let transfer: Transfer = sqlx::query_as(
-        "INSERT INTO transferencia (id, conta_origem, conta_destino, valor_centavos, moeda, status, criada_em, atualizada_em) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $7) \
-         RETURNING id, conta_origem, conta_destino, valor_centavos, moeda, status, motivo_rejeicao, criada_em, atualizada_em",
-    )
-    .bind(id)
-    .bind(&request.source_account)
-    .bind(&request.destination_account)
-    .bind(request.amount_cents)
-    .bind(&request.currency)
-    .bind(Status::Pending.as_str())
-    .bind(created_at.as_offset_date_time())
-    .fetch_one(&mut **tx)
-    .await?;
+    let columns = "INSERT INTO transferencia \
+                   (id, conta_origem, conta_destino, valor_centavos, moeda, status, criada_em, atualizada_em)";
+    let transfer: Option<Transfer> = match key {
+        None => {
+            sqlx::query_as(&format!("{columns} VALUES ($1, $2, $3, $4, $5, $6, $7, $7) {RETURNING_TRANSFER}"))
+                .bind(id)
+                .bind(&request.source_account)
+                .bind(&request.destination_account)
+                .bind(request.amount_cents)
+                .bind(&request.currency)
+                .bind(Status::Pending.as_str())
+                .bind(created_at.as_offset_date_time())
+                .fetch_optional(&mut **tx)
+                .await?
+        }
+        Some(key) => {
+            // every claim of a key holds its lock first, so ON CONFLICT only ever meets a
+            // committed row and never waits; the lock lasts until this transaction ends
+            sqlx::query_as(&format!(
+                "WITH trava AS (SELECT pg_try_advisory_xact_lock(hashtext($8), hashtext($9)) AS livre), \
+                 chave AS ( \
+                   INSERT INTO chave_idempotencia (escopo, chave, hash_requisicao, transferencia_id, expira_em) \
+                   SELECT $8, $9, $10, $1, now() + make_interval(secs => $11) FROM trava WHERE livre \
+                   ON CONFLICT DO NOTHING RETURNING transferencia_id) \
+                 {columns} SELECT transferencia_id, $2, $3, $4, $5, $6, $7, $7 FROM chave {RETURNING_TRANSFER}"
+            ))
+            .bind(id)
+            .bind(&request.source_account)
+            .bind(&request.destination_account)
+            .bind(request.amount_cents)
+            .bind(&request.currency)
+            .bind(Status::Pending.as_str())
+            .bind(created_at.as_offset_date_time())
+            .bind(&key.scope)
+            .bind(&key.key)
+            .bind(&key.fingerprint)
+            .bind(key.ttl.as_secs_f64())
+            .fetch_optional(&mut **tx)
+            .await?
+        }
+    };
+    let Some(transfer) = transfer else { return Ok(None) };
     let event = TransferRequested {
         event_id: Uuid::new_v4(),
         transfer_id: id,
@@ -189,7 +207,7 @@ async fn insert_transfer(
         },
     )
     .await?;
-    Ok(transfer)
+    Ok(Some(transfer))
 }
 
 pub async fn find(pool: &PgPool, id: Uuid) -> Result<Option<Transfer>, StoreError> {

@@ -125,6 +125,30 @@ async fn fifty_concurrent_requests_with_one_key_create_one_transfer() {
 }
 
 #[tokio::test]
+async fn a_key_held_by_a_request_in_flight_is_answered_409_without_waiting_for_it() {
+    let app = spawn_app().await;
+    // what a request in flight holds between its claim and its commit: the key's lock
+    let mut in_flight = app.database.pool.begin().await.expect("begin");
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('anonimo'), hashtext('busy-key'))")
+        .execute(&mut *in_flight)
+        .await
+        .expect("hold the key's lock");
+    let body = transfer("CC-001", "CC-002", 700);
+    let response = tokio::time::timeout(Duration::from_secs(10), app.post_transfer(&body, Some("busy-key")))
+        .await
+        .expect("answered while the other request is still in flight, not after it");
+    assert_eq!(response.status(), 409);
+    let problem: Value = response.json().await.expect("problem");
+    assert_eq!(problem["type"], "/problems/idempotency-key-in-flight");
+    assert_eq!(app.outbox_rows().await, 0);
+    in_flight.rollback().await.expect("the other request gives up");
+    let response = app.post_transfer(&body, Some("busy-key")).await;
+    assert_eq!(response.status(), 202, "the key is free again");
+    assert_eq!(app.outbox_rows().await, 1);
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn bad_input_gets_a_clear_problem_and_never_a_5xx() {
     let app = spawn_app().await;
     let cases: Vec<(Value, &str)> = vec![

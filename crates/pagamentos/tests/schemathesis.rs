@@ -53,12 +53,9 @@ async fn schemathesis(port: u16, seconds: u64) -> (bool, String) {
     let report = report
         .lines()
         .take(400)
-        .map(|line| {
-            if line.len() > 300 {
-                format!("{}…", &line[..line.floor_char_boundary(300)])
-            } else {
-                line.to_owned()
-            }
+        .map(|line| match line.char_indices().nth(300) {
+            Some((cut, _)) => format!("{}…", &line[..cut]),
+            None => line.to_owned(),
         })
         .collect::<Vec<_>>()
         .join("\n");

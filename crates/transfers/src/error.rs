@@ -17,6 +17,26 @@ pub enum StoreError {
     KeyInFlight,
     #[error("the Idempotency-Key points to a transfer that does not exist")]
     KeyWithoutTransfer,
+    /// The writer tasks are gone (the service is stopping).
+    #[error("the transfer writer stopped")]
+    WriterStopped,
+    /// The transaction this request shared with others failed for want of the database.
+    #[error("the transfers database is unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl StoreError {
+    /// The database is unreachable or going away (or the writer stopped): not the request's
+    /// fault, worth retrying later.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Self::Database(database) | Self::Outbox(outbox::Error::Database(database)) => {
+                outbox::error::classify(database) == outbox::error::FailureKind::Infrastructure
+            }
+            Self::WriterStopped | Self::Unavailable(_) => true,
+            _ => false,
+        }
+    }
 }
 
 /// What can stop the service from starting or running.

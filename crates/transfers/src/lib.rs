@@ -20,6 +20,7 @@ pub mod domain;
 pub mod error;
 pub mod projection;
 pub mod store;
+pub mod writer;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -129,8 +130,13 @@ pub async fn start(
 
     let producer = Producer::new(&producer_config(&kafka, "transferencias", profile.linger()))?;
     let backlog = outbox::metrics::Backlog::default();
+    let writer = match profile {
+        Profile::Fast => writer::Writer::batched(pool.clone()),
+        Profile::Reference => writer::Writer::direct(pool.clone()),
+    };
     let state = api::AppState {
         pool: pool.clone(),
+        writer,
         backlog: backlog.clone(),
         max_pending: args.outbox_max_pending,
         requested_topic: Arc::from(kafka.topic(topics::REQUESTED)),

@@ -1,5 +1,6 @@
 //! The `transferencias` database: transfers, their outbox events and idempotency keys.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::{PgPool, Postgres, Transaction};
@@ -45,10 +46,18 @@ pub enum Created {
 
 /// Where the `TransferenciaSolicitada` event goes, with the trace context of the request.
 #[derive(Debug, Clone)]
-pub struct EventTarget<'a> {
-    pub topic: &'a str,
-    pub traceparent: Option<&'a str>,
-    pub tracestate: Option<&'a str>,
+pub struct EventTarget {
+    pub topic: Arc<str>,
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
+}
+
+/// One transfer to create, as the API accepted it: owned, so it can wait for a batch.
+#[derive(Debug, Clone)]
+pub struct NewTransfer {
+    pub request: TransferRequest,
+    pub key: Option<IdempotencyKey>,
+    pub target: EventTarget,
 }
 
 const SELECT_TRANSFER: &str = "SELECT id, conta_origem, conta_destino, valor_centavos, moeda, status, \
@@ -61,74 +70,88 @@ const RETURNING_TRANSFER: &str =
 /// In one transaction: claim the Idempotency-Key (if any), insert the transfer, insert its
 /// `TransferenciaSolicitada` in the outbox. Four round trips to PostgreSQL on the way that
 /// accepts a transfer: `BEGIN`, the key and the transfer in one statement, the outbox row,
-/// `COMMIT`.
+/// `COMMIT`. [`create_batch`] does the same for many transfers in one transaction.
+pub async fn create(pool: &PgPool, new: &NewTransfer) -> Result<Created, StoreError> {
+    create_batch(pool, &[new]).await?.pop().expect("one answer per transfer")
+}
+
+/// [`create`] for every transfer of `batch` in one transaction (a group commit): each gets its
+/// own answer (created, replayed, or refused for its key), all committed together. `Err`: the
+/// transaction failed and nothing was written.
 ///
 /// A key is claimed under a transaction-scoped advisory lock on (scope, key), taken without
 /// waiting: a request that finds it held answers `409` at once (the other request is in
-/// flight), and a request holding it never waits on another's uncommitted claim.
-pub async fn create(
+/// flight), and a request holding it never waits on another's uncommitted claim. Two requests
+/// with one key in the same batch: the second sees the first's claim, as if it came after it.
+pub async fn create_batch(
     pool: &PgPool,
-    request: &TransferRequest,
-    key: Option<&IdempotencyKey>,
-    target: &EventTarget<'_>,
-) -> Result<Created, StoreError> {
+    batch: &[&NewTransfer],
+) -> Result<Vec<Result<Created, StoreError>>, StoreError> {
+    let mut tx = pool.begin().await?;
+    let mut answers = Vec::with_capacity(batch.len());
+    for new in batch {
+        answers.push(create_in(&mut tx, new).await?);
+    }
+    tx.commit().await?;
+    Ok(answers)
+}
+
+/// One transfer in `tx`. The outer `Err` fails the transaction; the inner one refuses this
+/// request alone (its key is reused, in flight, or points nowhere).
+async fn create_in(
+    tx: &mut Transaction<'_, Postgres>,
+    new: &NewTransfer,
+) -> Result<Result<Created, StoreError>, StoreError> {
+    let NewTransfer { request, key, target } = new;
+    let Some(key) = key else {
+        let transfer = insert_transfer(tx, request, None, target).await?;
+        return Ok(Ok(Created::New(transfer.expect("without a key the transfer is always inserted"))));
+    };
     // an expired key found in the way is deleted and the claim retried once
     for _ in 0..2 {
-        let mut tx = pool.begin().await?;
-        let Some(key) = key else {
-            let transfer = insert_transfer(&mut tx, request, None, target).await?;
-            let transfer = transfer.expect("without a key the transfer is always inserted");
-            tx.commit().await?;
-            return Ok(Created::New(transfer));
-        };
-        match insert_transfer(&mut tx, request, Some(key), target).await? {
-            Some(transfer) => {
-                tx.commit().await?;
-                return Ok(Created::New(transfer));
-            }
-            None => {
-                let held: Option<(String, Uuid, bool)> = sqlx::query_as(
-                    "SELECT hash_requisicao, transferencia_id, expira_em <= now() FROM chave_idempotencia \
-                     WHERE escopo = $1 AND chave = $2",
+        if let Some(transfer) = insert_transfer(tx, request, Some(key), target).await? {
+            return Ok(Ok(Created::New(transfer)));
+        }
+        let held: Option<(String, Uuid, bool)> = sqlx::query_as(
+            "SELECT hash_requisicao, transferencia_id, expira_em <= now() FROM chave_idempotencia \
+             WHERE escopo = $1 AND chave = $2",
+        )
+        .bind(&key.scope)
+        .bind(&key.key)
+        .fetch_optional(&mut **tx)
+        .await?;
+        match held {
+            // claimed by a request not committed yet
+            None => return Ok(Err(StoreError::KeyInFlight)),
+            Some((_, _, true)) => {
+                // only the lock's holder may delete: another deleting it is in flight
+                let deleted = sqlx::query(
+                    "DELETE FROM chave_idempotencia \
+                     WHERE escopo = $1 AND chave = $2 AND expira_em <= now() \
+                       AND pg_try_advisory_xact_lock(hashtext($1), hashtext($2))",
                 )
                 .bind(&key.scope)
                 .bind(&key.key)
-                .fetch_optional(&mut *tx)
-                .await?;
-                match held {
-                    // claimed by a request not committed yet
-                    None => return Err(StoreError::KeyInFlight),
-                    Some((_, _, true)) => {
-                        // only the lock's holder may delete: another deleting it is in flight
-                        let deleted = sqlx::query(
-                            "DELETE FROM chave_idempotencia \
-                             WHERE escopo = $1 AND chave = $2 AND expira_em <= now() \
-                               AND pg_try_advisory_xact_lock(hashtext($1), hashtext($2))",
-                        )
-                        .bind(&key.scope)
-                        .bind(&key.key)
-                        .execute(&mut *tx)
-                        .await?
-                        .rows_affected();
-                        if deleted == 0 {
-                            return Err(StoreError::KeyInFlight);
-                        }
-                        tx.commit().await?;
-                    }
-                    Some((fingerprint, transfer_id, false)) => {
-                        drop(tx);
-                        if fingerprint != key.fingerprint {
-                            return Err(StoreError::KeyReused);
-                        }
-                        let transfer =
-                            find(pool, transfer_id).await?.ok_or(StoreError::KeyWithoutTransfer)?;
-                        return Ok(Created::Replayed(transfer));
-                    }
+                .execute(&mut **tx)
+                .await?
+                .rows_affected();
+                if deleted == 0 {
+                    return Ok(Err(StoreError::KeyInFlight));
                 }
+            }
+            Some((fingerprint, transfer_id, false)) => {
+                if fingerprint != key.fingerprint {
+                    return Ok(Err(StoreError::KeyReused));
+                }
+                let transfer: Option<Transfer> = sqlx::query_as(&format!("{SELECT_TRANSFER} WHERE id = $1"))
+                    .bind(transfer_id)
+                    .fetch_optional(&mut **tx)
+                    .await?;
+                return Ok(transfer.map(Created::Replayed).ok_or(StoreError::KeyWithoutTransfer));
             }
         }
     }
-    Err(StoreError::KeyInFlight)
+    Ok(Err(StoreError::KeyInFlight))
 }
 
 /// Inserts the transfer and its outbox event; with a key, only if this request claims it (in
@@ -137,7 +160,7 @@ async fn insert_transfer(
     tx: &mut Transaction<'_, Postgres>,
     request: &TransferRequest,
     key: Option<&IdempotencyKey>,
-    target: &EventTarget<'_>,
+    target: &EventTarget,
 ) -> Result<Option<Transfer>, StoreError> {
     let id = Uuid::new_v4();
     // microseconds, as PostgreSQL stores them: the event's criadaEm equals the row's criada_em
@@ -198,12 +221,12 @@ async fn insert_transfer(
         tx,
         &outbox::NewEvent {
             id: event.event_id,
-            topic: target.topic,
+            topic: &target.topic,
             key: &request.source_account,
             event_type: EventType::TransferRequested.as_str(),
             payload: &payload,
-            traceparent: target.traceparent,
-            tracestate: target.tracestate,
+            traceparent: target.traceparent.as_deref(),
+            tracestate: target.tracestate.as_deref(),
         },
     )
     .await?;

@@ -23,10 +23,7 @@ impl From<StoreError> for ApiError {
                 kind: KEY_IN_FLIGHT,
                 detail: "a request with this Idempotency-Key is still being processed; retry later".into(),
             },
-            StoreError::Database(ref database)
-            | StoreError::Outbox(outbox::Error::Database(ref database))
-                if outbox::error::classify(database) == outbox::error::FailureKind::Infrastructure =>
-            {
+            ref unavailable if unavailable.is_unavailable() => {
                 tracing::warn!(error = %telemetry::error_chain(&error), "transfers database unreachable");
                 ApiError::Unavailable("the transfers database is unreachable; retry later".into())
             }

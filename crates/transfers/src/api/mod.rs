@@ -23,6 +23,8 @@ use utoipa_axum::routes;
 #[derive(Debug, Clone)]
 pub struct AppState {
     pub pool: PgPool,
+    /// Writes accepted transfers (group commit in the `fast` profile).
+    pub writer: crate::writer::Writer,
     /// Topic of `TransferenciaSolicitada` (with the configured prefix).
     pub requested_topic: Arc<str>,
     pub idempotency_ttl: Duration,

@@ -12,7 +12,7 @@ use contracts::Timestamp;
 use super::openapi::{RejectionName, StatusName, TransferRequestBody};
 use super::AppState;
 use crate::domain::{validate_account_syntax, FieldError, Status, TransferRequest};
-use crate::store::{self, Created, EventTarget, IdempotencyKey, ListFilter, Transfer};
+use crate::store::{self, Created, EventTarget, IdempotencyKey, ListFilter, NewTransfer, Transfer};
 use web::openapi::AccountId;
 use web::{ApiError, Caller, JsonBody, Problem};
 
@@ -146,12 +146,13 @@ pub async fn create(
     });
     let span = tracing::Span::current();
     let trace = telemetry::context::inject(&span);
+    let amount_cents = request.amount_cents;
     let target = EventTarget {
-        topic: &state.requested_topic,
-        traceparent: trace.get("traceparent").map(String::as_str),
-        tracestate: trace.get("tracestate").map(String::as_str),
+        topic: state.requested_topic.clone(),
+        traceparent: trace.get("traceparent").cloned(),
+        tracestate: trace.get("tracestate").cloned(),
     };
-    let (transfer, replayed) = match store::create(&state.pool, &request, key.as_ref(), &target).await? {
+    let (transfer, replayed) = match state.writer.create(NewTransfer { request, key, target }).await? {
         Created::New(transfer) => (transfer, false),
         Created::Replayed(transfer) => (transfer, true),
     };
@@ -160,7 +161,7 @@ pub async fn create(
         tracing::info!("idempotent replay");
     } else {
         metrics::counter!("transferencias_aceitas_total").increment(1);
-        tracing::info!(amount_cents = request.amount_cents, "transfer accepted");
+        tracing::info!(amount_cents, "transfer accepted");
     }
     let location = format!("/transferencias/{}", transfer.id);
     let mut response = (StatusCode::ACCEPTED, Json(TransferView::from(transfer))).into_response();

@@ -1,0 +1,113 @@
+//! How the API writes accepted transfers: one transaction per request (the `reference`
+//! profile, as the article does), or a group commit (`fast`).
+//!
+//! Group commit: a few writer tasks take requests from one queue; each takes what is waiting
+//! (up to [`MAX_BATCH`]) and writes it in one transaction with [`store::create_batch`], so
+//! requests that arrive while a transaction is open share the next commit (one WAL flush)
+//! instead of queueing for a connection each. A lone request is written at once: at low load a
+//! batch holds one request and adds only a hop between tasks. Every request still gets its own
+//! answer, sent after the commit; a batch whose transaction fails is retried one request per
+//! transaction, so a request that breaks the transaction fails alone.
+
+use std::sync::Arc;
+
+use sqlx::PgPool;
+use tokio::sync::{mpsc, oneshot, Mutex};
+
+use crate::error::StoreError;
+use crate::store::{self, Created, NewTransfer};
+
+/// Most requests in one transaction.
+pub const MAX_BATCH: usize = 128;
+/// Writer tasks (each holds at most one connection at a time).
+pub const WRITERS: usize = 4;
+
+/// Writes transfers for the API. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Writer {
+    pool: PgPool,
+    /// `None`: each request in its own transaction, on the caller's task.
+    queue: Option<mpsc::Sender<Job>>,
+}
+
+#[derive(Debug)]
+struct Job {
+    transfer: NewTransfer,
+    answer: oneshot::Sender<Result<Created, StoreError>>,
+}
+
+impl Writer {
+    /// One transaction per request.
+    pub fn direct(pool: PgPool) -> Self {
+        Self { pool, queue: None }
+    }
+
+    /// Group commit with [`WRITERS`] tasks, spawned here. They end when every clone of the
+    /// writer is gone (the API's router dropped at shutdown, its requests answered).
+    pub fn batched(pool: PgPool) -> Self {
+        let (queue, jobs) = mpsc::channel(WRITERS * MAX_BATCH);
+        let jobs = Arc::new(Mutex::new(jobs));
+        for _ in 0..WRITERS {
+            tokio::spawn(work(pool.clone(), jobs.clone()));
+        }
+        Self { pool, queue: Some(queue) }
+    }
+
+    /// Creates `transfer` (see [`store::create`]).
+    pub async fn create(&self, transfer: NewTransfer) -> Result<Created, StoreError> {
+        let Some(queue) = &self.queue else {
+            return store::create(&self.pool, &transfer).await;
+        };
+        let (answer, answered) = oneshot::channel();
+        queue.send(Job { transfer, answer }).await.map_err(|_| StoreError::WriterStopped)?;
+        answered.await.map_err(|_| StoreError::WriterStopped)?
+    }
+}
+
+async fn work(pool: PgPool, jobs: Arc<Mutex<mpsc::Receiver<Job>>>) {
+    loop {
+        let batch = {
+            let mut jobs = jobs.lock().await;
+            let Some(first) = jobs.recv().await else { return };
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match jobs.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
+            }
+            batch
+        };
+        metrics::histogram!("transferencias_lote_gravacao").record(batch.len() as f64);
+        let transfers: Vec<&NewTransfer> = batch.iter().map(|job| &job.transfer).collect();
+        let answers = write_batch(&pool, &transfers).await;
+        for (job, answer) in batch.into_iter().zip(answers) {
+            // the caller may have gone (client disconnected): its transfer stands
+            let _ = job.answer.send(answer);
+        }
+    }
+}
+
+/// Writes `transfers` in one transaction ([`store::create_batch`]), one answer each, in order.
+/// If that transaction fails while the database is up, each transfer is written again in a
+/// transaction of its own: a request that breaks a transaction fails alone. If the database is
+/// away, every request is answered with that (the first with the error itself).
+pub async fn write_batch(pool: &PgPool, transfers: &[&NewTransfer]) -> Vec<Result<Created, StoreError>> {
+    match store::create_batch(pool, transfers).await {
+        Ok(answers) => answers,
+        Err(error) if error.is_unavailable() || transfers.len() == 1 => {
+            let cause = telemetry::error_chain(&error);
+            let mut answers = vec![Err(error)];
+            answers.extend((1..transfers.len()).map(|_| Err(StoreError::Unavailable(cause.clone()))));
+            answers
+        }
+        Err(error) => {
+            tracing::warn!(size = transfers.len(), error = %telemetry::error_chain(&error), "a batch of transfers failed: writing them one by one");
+            let mut answers = Vec::with_capacity(transfers.len());
+            for transfer in transfers {
+                answers.push(store::create(pool, transfer).await);
+            }
+            answers
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! The API's group commit (`transfers::writer`) against a real PostgreSQL: many transfers in
+//! one transaction, each with its own answer; keys inside one batch; a transfer that breaks
+//! the transaction fails alone.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use testkit::TestDatabase;
+use transfers::domain::TransferRequest;
+use transfers::error::StoreError;
+use transfers::store::{Created, EventTarget, IdempotencyKey, NewTransfer};
+use transfers::writer::{self, Writer};
+
+fn transfer(amount_cents: i64, key: Option<&str>) -> NewTransfer {
+    let request = TransferRequest::parse(&json!({
+        "contaOrigem": "CC-001", "contaDestino": "CC-002", "valorEmCentavos": amount_cents, "moeda": "BRL"
+    }))
+    .expect("valid");
+    let key = key.map(|key| IdempotencyKey {
+        scope: "anonimo".into(),
+        key: key.into(),
+        fingerprint: request.fingerprint(),
+        ttl: Duration::from_secs(60),
+    });
+    let target =
+        EventTarget { topic: Arc::from("t.transferencias.solicitada"), traceparent: None, tracestate: None };
+    NewTransfer { request, key, target }
+}
+
+async fn count(database: &TestDatabase, table: &str) -> i64 {
+    sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+        .fetch_one(&database.pool)
+        .await
+        .expect("count")
+}
+
+fn id(answer: &Result<Created, StoreError>) -> uuid::Uuid {
+    match answer {
+        Ok(Created::New(transfer) | Created::Replayed(transfer)) => transfer.id,
+        Err(error) => panic!("refused: {error}"),
+    }
+}
+
+#[tokio::test]
+async fn one_transaction_answers_each_transfer_and_sees_keys_claimed_earlier_in_it() {
+    let database = TestDatabase::create(&transfers::MIGRATOR).await;
+    let batch = [
+        transfer(100, None),
+        transfer(200, Some("k-1")),
+        transfer(200, Some("k-1")), // the same request again: a replay of the one just above
+        transfer(300, Some("k-1")), // the key with another request: refused
+        transfer(400, Some("k-2")),
+    ];
+    let answers = writer::write_batch(&database.pool, &batch.iter().collect::<Vec<_>>()).await;
+    assert_eq!(answers.len(), 5);
+    assert!(matches!(answers[0], Ok(Created::New(_))));
+    assert!(matches!(answers[1], Ok(Created::New(_))));
+    assert!(matches!(answers[2], Ok(Created::Replayed(_))));
+    assert_eq!(id(&answers[1]), id(&answers[2]));
+    assert!(matches!(answers[3], Err(StoreError::KeyReused)), "{:?}", answers[3]);
+    assert!(matches!(answers[4], Ok(Created::New(_))));
+    assert_eq!(count(&database, "transferencia").await, 3);
+    assert_eq!(count(&database, "outbox_evento").await, 3);
+    assert_eq!(count(&database, "chave_idempotencia").await, 2);
+}
+
+#[tokio::test]
+async fn a_transfer_that_breaks_the_transaction_fails_alone() {
+    let database = TestDatabase::create(&transfers::MIGRATOR).await;
+    // a database that refuses one amount, as any constraint the API does not check would
+    sqlx::raw_sql(
+        "CREATE FUNCTION recusa_666() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+           IF NEW.valor_centavos = 666 THEN RAISE EXCEPTION 'no 666'; END IF; RETURN NEW; END $$; \
+         CREATE TRIGGER recusa_666 BEFORE INSERT ON transferencia FOR EACH ROW EXECUTE FUNCTION recusa_666();",
+    )
+    .execute(&database.pool)
+    .await
+    .expect("trigger");
+    let batch = [transfer(1, Some("a")), transfer(666, Some("b")), transfer(3, None)];
+    let answers = writer::write_batch(&database.pool, &batch.iter().collect::<Vec<_>>()).await;
+    assert!(matches!(answers[0], Ok(Created::New(_))), "{:?}", answers[0]);
+    assert!(matches!(answers[1], Err(StoreError::Database(_))), "{:?}", answers[1]);
+    assert!(matches!(answers[2], Ok(Created::New(_))), "{:?}", answers[2]);
+    assert_eq!(count(&database, "transferencia").await, 2);
+    assert_eq!(count(&database, "outbox_evento").await, 2);
+    // the refused request's key was not kept: it may be sent again
+    assert_eq!(count(&database, "chave_idempotencia").await, 1);
+}
+
+#[tokio::test]
+async fn concurrent_requests_through_the_batched_writer_each_get_their_transfer() {
+    let database = TestDatabase::create(&transfers::MIGRATOR).await;
+    let writer = Writer::batched(database.pool.clone());
+    let requests = (0..200).map(|n| {
+        let writer = writer.clone();
+        tokio::spawn(async move { writer.create(transfer(n + 1, Some(&format!("key-{n}")))).await })
+    });
+    let answers = futures::future::join_all(requests).await;
+    let mut ids = std::collections::HashSet::new();
+    for answer in answers {
+        let answer = answer.expect("task");
+        assert!(matches!(answer, Ok(Created::New(_))), "{answer:?}");
+        ids.insert(id(&answer));
+    }
+    assert_eq!(ids.len(), 200, "every request its own transfer");
+    assert_eq!(count(&database, "transferencia").await, 200);
+    assert_eq!(count(&database, "outbox_evento").await, 200);
+    // a request after the storm: its key replays, nothing new
+    let again = writer.create(transfer(1, Some("key-0"))).await;
+    assert!(matches!(again, Ok(Created::Replayed(_))), "{again:?}");
+    assert_eq!(count(&database, "transferencia").await, 200);
+}
+
+#[tokio::test]
+async fn with_the_database_away_every_request_in_the_batch_is_told_so() {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(200))
+        .connect_lazy("postgres://nobody:nothing@127.0.0.1:1/none")
+        .expect("lazy pool");
+    let batch = [transfer(1, None), transfer(2, None), transfer(3, None)];
+    let answers = writer::write_batch(&pool, &batch.iter().collect::<Vec<_>>()).await;
+    assert_eq!(answers.len(), 3);
+    for answer in &answers {
+        let error = answer.as_ref().expect_err("nothing written");
+        assert!(error.is_unavailable(), "{error:?}");
+    }
+}

@@ -54,7 +54,7 @@ struct Args {
     skew: String,
 
     /// Offered rates (transfers/s) of the fast profile's sweep.
-    #[arg(long, value_delimiter = ',', default_value = "100,200,400,600,800,1000")]
+    #[arg(long, value_delimiter = ',', default_value = "100,200,400,800,1200,1600")]
     fast_rates: Vec<u32>,
 
     /// Offered rates of the reference profile's sweep (its capacity is far lower).

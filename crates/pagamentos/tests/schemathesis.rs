@@ -38,6 +38,8 @@ async fn schemathesis(port: u16, seconds: u64) -> (bool, String) {
         .args(["--header", &format!("Authorization: Bearer {ADMIN_TOKEN}")])
         .args(["--request-timeout", "10", "--generation-database", "none"])
         .env("NO_COLOR", "1")
+        // it keeps a `.schemathesis` cache in its working directory: not in the work tree
+        .current_dir(env!("CARGO_TARGET_TMPDIR"))
         .stdin(Stdio::null())
         .output()
         .await

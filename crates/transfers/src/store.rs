@@ -167,45 +167,31 @@ async fn insert_transfer(
     let created_at = Timestamp::now();
     let columns = "INSERT INTO transferencia \
                    (id, conta_origem, conta_destino, valor_centavos, moeda, status, criada_em, atualizada_em)";
-    let transfer: Option<Transfer> = match key {
-        None => {
-            sqlx::query_as(&format!("{columns} VALUES ($1, $2, $3, $4, $5, $6, $7, $7) {RETURNING_TRANSFER}"))
-                .bind(id)
-                .bind(&request.source_account)
-                .bind(&request.destination_account)
-                .bind(request.amount_cents)
-                .bind(&request.currency)
-                .bind(Status::Pending.as_str())
-                .bind(created_at.as_offset_date_time())
-                .fetch_optional(&mut **tx)
-                .await?
-        }
-        Some(key) => {
-            // every claim of a key holds its lock first, so ON CONFLICT only ever meets a
-            // committed row and never waits; the lock lasts until this transaction ends
-            sqlx::query_as(&format!(
-                "WITH trava AS (SELECT pg_try_advisory_xact_lock(hashtext($8), hashtext($9)) AS livre), \
-                 chave AS ( \
-                   INSERT INTO chave_idempotencia (escopo, chave, hash_requisicao, transferencia_id, expira_em) \
-                   SELECT $8, $9, $10, $1, now() + make_interval(secs => $11) FROM trava WHERE livre \
-                   ON CONFLICT DO NOTHING RETURNING transferencia_id) \
-                 {columns} SELECT transferencia_id, $2, $3, $4, $5, $6, $7, $7 FROM chave {RETURNING_TRANSFER}"
-            ))
-            .bind(id)
-            .bind(&request.source_account)
-            .bind(&request.destination_account)
-            .bind(request.amount_cents)
-            .bind(&request.currency)
-            .bind(Status::Pending.as_str())
-            .bind(created_at.as_offset_date_time())
-            .bind(&key.scope)
-            .bind(&key.key)
-            .bind(&key.fingerprint)
-            .bind(key.ttl.as_secs_f64())
-            .fetch_optional(&mut **tx)
-            .await?
-        }
+    let sql = match key {
+        None => format!("{columns} VALUES ($1, $2, $3, $4, $5, $6, $7, $7) {RETURNING_TRANSFER}"),
+        // every claim of a key holds its lock first, so ON CONFLICT only ever meets a committed
+        // row and never waits; the lock lasts until this transaction ends
+        Some(_) => format!(
+            "WITH trava AS (SELECT pg_try_advisory_xact_lock(hashtext($8), hashtext($9)) AS livre), \
+             chave AS ( \
+               INSERT INTO chave_idempotencia (escopo, chave, hash_requisicao, transferencia_id, expira_em) \
+               SELECT $8, $9, $10, $1, now() + make_interval(secs => $11) FROM trava WHERE livre \
+               ON CONFLICT DO NOTHING RETURNING transferencia_id) \
+             {columns} SELECT transferencia_id, $2, $3, $4, $5, $6, $7, $7 FROM chave {RETURNING_TRANSFER}"
+        ),
     };
+    let mut query = sqlx::query_as(&sql)
+        .bind(id)
+        .bind(&request.source_account)
+        .bind(&request.destination_account)
+        .bind(request.amount_cents)
+        .bind(&request.currency)
+        .bind(Status::Pending.as_str())
+        .bind(created_at.as_offset_date_time());
+    if let Some(key) = key {
+        query = query.bind(&key.scope).bind(&key.key).bind(&key.fingerprint).bind(key.ttl.as_secs_f64());
+    }
+    let transfer: Option<Transfer> = query.fetch_optional(&mut **tx).await?;
     let Some(transfer) = transfer else { return Ok(None) };
     let event = TransferRequested {
         event_id: Uuid::new_v4(),

@@ -6,8 +6,8 @@
 //! requests that arrive while a transaction is open share the next commit (one WAL flush)
 //! instead of queueing for a connection each. A lone request is written at once: at low load a
 //! batch holds one request and adds only a hop between tasks. Every request still gets its own
-//! answer, sent after the commit; a batch whose transaction fails is retried one request per
-//! transaction, so a request that breaks the transaction fails alone.
+//! answer, sent after the commit; a batch whose transaction fails while the database is up is
+//! retried one request per transaction, so a request that breaks the transaction fails alone.
 
 use std::sync::Arc;
 

@@ -262,6 +262,7 @@ pub async fn run(args: LoadgenArgs, stop: CancellationToken) -> Result<Report, L
         lost,
         throughput_per_s,
         latency_ms: tally.latencies.summary(),
+        conflicting: tally.conflicting_outcomes,
     })
 }
 

@@ -80,6 +80,17 @@ pub struct Report {
     pub throughput_per_s: f64,
     /// From when each request was due to when its final status was seen.
     pub latency_ms: LatencySummary,
+    /// Transfers with both a settlement and a rejection event: a broken pinned outcome. Not in
+    /// the contract's JSON; it fails the run like a loss.
+    #[serde(skip)]
+    pub conflicting: u64,
+}
+
+impl Report {
+    /// Nothing lost and no transfer with two different outcomes.
+    pub fn is_clean(&self) -> bool {
+        self.lost == 0 && self.conflicting == 0
+    }
 }
 
 #[cfg(test)]
@@ -100,8 +111,12 @@ mod tests {
             lost: 0,
             throughput_per_s: 99.5,
             latency_ms: latencies.summary(),
+            conflicting: 1,
         };
         let json = serde_json::to_string(&report).expect("json");
+        assert!(!json.contains("conflicting"), "only the contract's keys: {json}");
+        assert!(!report.is_clean(), "two outcomes for one transfer fail the run");
+        assert!(Report { conflicting: 0, ..report.clone() }.is_clean());
         assert!(
             json.starts_with(r#"{"sent":100,"accepted":100,"settled":98,"rejected":2,"lost":0,"throughput_per_s":99.5,"latency_ms":{"p50":"#),
             "{json}"

@@ -1,5 +1,6 @@
 //! `pagamentos loadgen`: the load generator (`CONTRACT.md` §1); progress on stderr, the
-//! contract's JSON object as the last line on stdout, exit 1 when anything was lost.
+//! contract's JSON object as the last line on stdout, exit 1 when anything was lost or a
+//! transfer had both a settlement and a rejection event.
 
 use std::process::ExitCode;
 
@@ -14,5 +15,5 @@ pub async fn run(args: loadgen::LoadgenArgs) -> anyhow::Result<ExitCode> {
     shutdown::cancel_on_signal(stop.clone());
     let report = loadgen::run(args, stop).await?;
     println!("{}", serde_json::to_string(&report).context("encode the report")?);
-    Ok(if report.lost == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if report.is_clean() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

@@ -63,7 +63,8 @@ enum Command {
     Topics(topics::TopicsCommand),
     /// Drive transfers through the HTTP API on an open-loop schedule and report throughput and
     /// latency from each POST to its final status; the last line is one JSON object. Exit 1
-    /// when any accepted transfer never reached a final status.
+    /// when any accepted transfer never reached a final status, or one had both a settlement
+    /// and a rejection event.
     Loadgen(Box<loadgen::LoadgenArgs>),
     /// Check the books: the ledger's invariants 1–3 and, with `--scope all` (default), that a
     /// transfer is LIQUIDADA in transferencias iff the ledger settled it (4). Exit 1 and a

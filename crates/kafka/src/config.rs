@@ -117,7 +117,16 @@ fn base(args: &KafkaArgs, client_id: &str) -> ClientConfig {
         .set("client.id", client_id)
         // fail a metadata/produce request to a dead broker quickly enough to report it
         .set("socket.connection.setup.timeout.ms", "10000")
-        .set("reconnect.backoff.max.ms", "2000");
+        .set("reconnect.backoff.max.ms", "2000")
+        // keep a connection to every known broker. With librdkafka's default sparse
+        // connections a connection is only made on demand, and an idempotent producer that
+        // lost every connection while acquiring its producer id demands none: its id request
+        // only looks for a broker already up, and its partitions send nothing without an id
+        // (librdkafka 2.12 rd_kafka_idemp_pid_fsm, rd_kafka_broker_produce_toppars). The likely
+        // cause of a flake in broker_outage.rs: the broker restarted right after answering the
+        // id request "coordinator load in progress", and 60 s later `/readyz` still found no
+        // broker connection up.
+        .set("enable.sparse.connections", "false");
     config
 }
 

@@ -60,6 +60,29 @@ async fn an_account_is_created_once_and_its_opening_balance_is_a_double_entry() 
 }
 
 #[tokio::test]
+async fn an_opening_balance_past_what_the_issuer_can_owe_is_422_and_documented() {
+    // found by Schemathesis: two opening balances of i64::MAX would take EMISSOR-BRL below
+    // i64::MIN; the answer was right but missing from the OpenAPI document
+    let ledger = spawn_ledger().await;
+    let first =
+        post(&ledger, "/contas", json!({"id": "BIG-1", "moeda": "BRL", "saldoInicialCentavos": i64::MAX}))
+            .await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let second =
+        post(&ledger, "/contas", json!({"id": "BIG-2", "moeda": "BRL", "saldoInicialCentavos": i64::MAX}))
+            .await;
+    let (status, body) = problem(second).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["type"], "/problems/amount-out-of-range");
+    assert_eq!(account_rows(&ledger).await, 2, "BIG-1 and the issuer; BIG-2 not created");
+    ledger.assert_books_balance().await;
+    let document: Value = get(&ledger, "/openapi.json").await.json().await.expect("document");
+    let responses = &document["paths"]["/contas"]["post"]["responses"];
+    assert!(responses.get("422").is_some(), "POST /contas documents 422: {responses}");
+    ledger.stop().await;
+}
+
+#[tokio::test]
 async fn bad_account_requests_get_a_clear_error_and_create_nothing() {
     let ledger = spawn_ledger().await;
     let cases = [

@@ -193,6 +193,7 @@ fn path_account(id: &str) -> Result<(), ApiError> {
         (status = 409, description = "The account exists", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 16 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Body is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The opening balance would take the currency's issuer account past the largest amount (`/problems/amount-out-of-range`)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The database is unreachable; retry after `Retry-After`", body = Problem, content_type = "application/problem+json")
     )
 )]

@@ -118,15 +118,14 @@ fn base(args: &KafkaArgs, client_id: &str) -> ClientConfig {
         // fail a metadata/produce request to a dead broker quickly enough to report it
         .set("socket.connection.setup.timeout.ms", "10000")
         .set("reconnect.backoff.max.ms", "2000")
-        // keep a connection to every known broker. With librdkafka's default sparse
-        // connections a connection is only made on demand, and an idempotent producer that
-        // lost every connection while acquiring its producer id demands none: its id request
-        // only looks for a broker already up, and its partitions send nothing without an id
-        // (librdkafka 2.12 rd_kafka_idemp_pid_fsm, rd_kafka_broker_produce_toppars). The likely
-        // cause of a flake in broker_outage.rs: the broker restarted right after answering the
-        // id request "coordinator load in progress", and 60 s later `/readyz` still found no
-        // broker connection up.
-        .set("enable.sparse.connections", "false");
+        // re-bootstrap after 10 s without metadata instead of librdkafka's 5 min. Since 2.10 a
+        // client drops every broker a Metadata response leaves out; a single KRaft node that is
+        // shutting down answers without itself as a leader ("new leader-1 not found in cache"),
+        // likely without itself as a broker too, and the client then has no broker to ask until
+        // it re-bootstraps from bootstrap.servers. Seen in broker_outage.rs and antifraud's
+        // broker_restart.rs: producers still without a connection 60 s and 120 s after a
+        // restart (`/readyz` "BrokerTransportFailure", a record timed out).
+        .set("metadata.recovery.rebootstrap.trigger.ms", "10000");
     config
 }
 

@@ -143,10 +143,7 @@ async fn create_in(
                 if fingerprint != key.fingerprint {
                     return Ok(Err(StoreError::KeyReused));
                 }
-                let transfer: Option<Transfer> = sqlx::query_as(&format!("{SELECT_TRANSFER} WHERE id = $1"))
-                    .bind(transfer_id)
-                    .fetch_optional(&mut **tx)
-                    .await?;
+                let transfer = find(&mut **tx, transfer_id).await?;
                 return Ok(transfer.map(Created::Replayed).ok_or(StoreError::KeyWithoutTransfer));
             }
         }
@@ -219,8 +216,10 @@ async fn insert_transfer(
     Ok(Some(transfer))
 }
 
-pub async fn find(pool: &PgPool, id: Uuid) -> Result<Option<Transfer>, StoreError> {
-    Ok(sqlx::query_as(&format!("{SELECT_TRANSFER} WHERE id = $1")).bind(id).fetch_optional(pool).await?)
+/// The transfer `id`, read through `executor` (the pool, or an open transaction that may hold
+/// it uncommitted).
+pub async fn find<'e>(executor: impl sqlx::PgExecutor<'e>, id: Uuid) -> Result<Option<Transfer>, StoreError> {
+    Ok(sqlx::query_as(&format!("{SELECT_TRANSFER} WHERE id = $1")).bind(id).fetch_optional(executor).await?)
 }
 
 /// Filters of `GET /transferencias`.

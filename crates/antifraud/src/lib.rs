@@ -145,6 +145,8 @@ pub async fn start(
         shutdown.clone(),
     ));
     tracker.spawn(async move {
+        let mut analyser = analyser;
+        analyser.prepare().await;
         if let Err(error) = kafka::consumer::run(consumer, analyser, options, shutdown).await {
             tracing::error!(error = %kafka::consumer::error_chain(&error), "antifraude stopped");
         }

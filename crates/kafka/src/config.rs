@@ -160,9 +160,10 @@ pub fn transactional_producer_config(
         // librdkafka refuses a delivery timeout longer than the transaction timeout (a record
         // must be delivered or failed before its transaction can time out)
         .set("delivery.timeout.ms", TRANSACTION_TIMEOUT.as_millis().to_string())
-        // after a commit the broker answers the next transaction's AddPartitionsToTxn with
+        // after a commit the coordinator answers the next transaction's first request with
         // CONCURRENT_TRANSACTIONS until its markers are written (a few ms); the default 100 ms
-        // backoff put 10-50 ms on most transactions (docs/architecture.md)
+        // backoff put 10-50 ms on most transactions (docs/architecture.md). It applies to
+        // AddOffsetsToTxn; librdkafka retries AddPartitionsToTxn after a fixed 20 ms
         .set("retry.backoff.ms", "2");
     config
 }

@@ -45,6 +45,11 @@ struct Args {
     #[arg(long, default_value_t = 1000)]
     accounts: u32,
 
+    /// Seconds of quiet before each load, so that what the previous load left running
+    /// (autovacuum, checkpoints, the broker's garbage collection) is not measured by the next.
+    #[arg(long, default_value_t = 5)]
+    settle_seconds: u64,
+
     /// Transfers in flight in the flat-out loads.
     #[arg(long, default_value_t = 256)]
     flat_concurrency: u32,
@@ -252,6 +257,7 @@ impl System {
         extra: &[String],
     ) -> anyhow::Result<Measured> {
         let pagamentos = self.child.id().ok_or_else(|| anyhow!("pagamentos all exited"))?;
+        tokio::time::sleep(Duration::from_secs(args.settle_seconds)).await;
         let mut database = PgConnection::connect(&args.database_url).await?;
         let scrape_before = self.metrics().await?;
         let cpu_before = Parts { pagamentos, loadgen: None }.cpu_ticks();

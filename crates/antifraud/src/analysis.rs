@@ -104,9 +104,9 @@ impl Analyser {
     }
 
     /// Creates and registers the producer before the first batch: registering a
-    /// `transactional.id` takes a coordinator round trip and, after an unclean stop, the abort
-    /// of what the last instance left open (≈ 0.5 s measured after a restart), which the first
-    /// records would otherwise wait for. A failure is left for the first batch to retry.
+    /// `transactional.id` (finding the coordinator, fencing older instances, settling what they
+    /// left open) took up to 0.5 s after a restart, which the first records would otherwise
+    /// wait for. A failure is left for the first batch to retry.
     pub async fn prepare(&mut self) {
         if let Err(error) = self.producer().await {
             tracing::warn!(error = %kafka::consumer::error_chain(&error), "transactional producer not registered yet; the first batch retries");

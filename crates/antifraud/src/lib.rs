@@ -146,7 +146,13 @@ pub async fn start(
     ));
     tracker.spawn(async move {
         let mut analyser = analyser;
-        analyser.prepare().await;
+        // a broker that is down makes registration wait up to its call timeout: a stop request
+        // meanwhile is not held up by it (the loop then returns at once)
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => {}
+            _ = analyser.prepare() => {}
+        }
         if let Err(error) = kafka::consumer::run(consumer, analyser, options, shutdown).await {
             tracing::error!(error = %kafka::consumer::error_chain(&error), "antifraude stopped");
         }

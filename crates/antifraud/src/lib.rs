@@ -114,7 +114,7 @@ pub async fn start(
     )?;
     let analyser = analysis::Analyser::new(
         consumer.clone(),
-        transactional_producer_config(&kafka, "antifraude", &transactional_id, profile.linger()),
+        transactional_producer_config(&kafka, "antifraude", &transactional_id, profile.transaction_linger()),
         analysis::Topics { analysed: kafka.topic(topics::ANALYSED), rejected: kafka.topic(topics::REJECTED) },
         scoring::Scorer { block_threshold_cents: args.block_threshold_cents },
         group.clone(),

@@ -1,11 +1,9 @@
-//! `scripts/stack restart kafka|postgres` keeps the data the fault tests rely on, and a Kafka
-//! restart never answers metadata that would strand a client.
+//! `scripts/stack restart kafka|postgres` keeps the data the fault tests rely on.
 //!
 //! These restart the one shared stack, so they would break every test running beside them:
 //! they are `#[ignore]`d and `scripts/test` runs them alone, after the rest of the suite
 //! (`cargo test --workspace --test stack_restart -- --ignored --test-threads=1`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -92,66 +90,6 @@ async fn restarting_kafka_keeps_topics_records_and_committed_offsets() {
         .expect("receive");
     assert_eq!(message.offset(), 2);
     assert_eq!(message.payload(), Some(b"r2".as_slice()));
-}
-
-/// While the one node restarts, no Metadata response may name topics but no broker, or leave a
-/// partition without a leader. librdkafka (2.12) drops every broker such a response leaves out,
-/// the bootstrap servers included, and can then never ask for metadata again: the client is
-/// stranded for good (a producer answering "BrokerTransportFailure", a consumer whose group
-/// coordinator still assigns it partitions it never fetches). A single node's controlled
-/// shutdown answered exactly that for about 100 ms, so the stack turns it off (docs/stack.md).
-#[tokio::test]
-#[ignore = "restarts the shared broker: scripts/test runs it alone"]
-async fn a_kafka_restart_never_answers_metadata_without_a_broker_or_a_leader() {
-    testkit::init_logs();
-    let topics = TestTopics::create(&["watched"], 3).await;
-    let topic = topics.topic("watched");
-    let client: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &topics.args.bootstrap_servers)
-        .create()
-        .expect("metadata client");
-    let client = Arc::new(client);
-    let stop = Arc::new(AtomicBool::new(false));
-    let watcher = {
-        let (client, stop, topic) = (Arc::clone(&client), Arc::clone(&stop), topic.clone());
-        std::thread::spawn(move || {
-            let (mut answers, mut broken) = (0u32, Vec::new());
-            while !stop.load(Ordering::Relaxed) {
-                if let Ok(metadata) = client.fetch_metadata(Some(&topic), Duration::from_millis(500)) {
-                    answers += 1;
-                    let leaderless = metadata
-                        .topics()
-                        .iter()
-                        .flat_map(|topic| topic.partitions())
-                        .filter(|partition| partition.leader() < 0)
-                        .count();
-                    if metadata.brokers().is_empty() || leaderless > 0 {
-                        broken.push(format!(
-                            "{} brokers, {leaderless} leaderless partitions",
-                            metadata.brokers().len()
-                        ));
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            (answers, broken)
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    testkit::stack(&["restart", "kafka"]).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    stop.store(true, Ordering::Relaxed);
-    let (answers, broken) =
-        tokio::task::spawn_blocking(move || watcher.join().expect("watcher")).await.expect("join");
-    assert!(broken.is_empty(), "metadata answers during the restart: {broken:?}");
-    assert!(answers > 10, "only {answers} metadata answers: the watcher did not watch");
-    // the client that watched is still usable
-    let metadata =
-        tokio::task::spawn_blocking(move || client.fetch_metadata(Some(&topic), Duration::from_secs(30)))
-            .await
-            .expect("join")
-            .expect("metadata after the restart");
-    assert_eq!(metadata.brokers().len(), 1);
 }
 
 #[tokio::test]

@@ -131,13 +131,12 @@ fn base(args: &KafkaArgs, client_id: &str) -> ClientConfig {
         // fail a metadata/produce request to a dead broker quickly enough to report it
         .set("socket.connection.setup.timeout.ms", "10000")
         .set("reconnect.backoff.max.ms", "2000")
-        // re-bootstrap after 10 s without metadata instead of librdkafka's 5 min. Since 2.10 a
-        // client drops every broker a Metadata response leaves out; a single KRaft node that is
-        // shutting down answers without itself as a leader ("new leader-1 not found in cache"),
-        // likely without itself as a broker too, and the client then has no broker to ask until
-        // it re-bootstraps from bootstrap.servers. Seen in broker_outage.rs and antifraud's
-        // broker_restart.rs: producers still without a connection 60 s and 120 s after a
-        // restart (`/readyz` "BrokerTransportFailure", a record timed out).
+        // re-bootstrap after 10 s of unanswered Metadata requests instead of librdkafka's 5 min.
+        // It does not rescue a client that a Metadata answer naming no broker left with none:
+        // librdkafka 2.12 drops every broker an answer leaves out, the bootstrap servers
+        // included, and starts this timer only when it sends a request, which needs a broker.
+        // A single node in controlled shutdown answers so for a few ms (docs/stack.md): a
+        // client that asks then is stranded until its process restarts.
         .set("metadata.recovery.rebootstrap.trigger.ms", "10000");
     config
 }

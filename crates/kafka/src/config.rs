@@ -123,6 +123,10 @@ pub const DELIVERY_TIMEOUT: Duration = Duration::from_millis(120_000);
 /// most this long.
 pub const TRANSACTION_TIMEOUT: Duration = Duration::from_millis(10_000);
 
+/// How often every client reports its statistics (`statistics.interval.ms`), and so how soon a
+/// client left with no broker notices (`crate::rebootstrap`).
+pub const STATISTICS_INTERVAL: Duration = Duration::from_millis(1000);
+
 fn base(args: &KafkaArgs, client_id: &str) -> ClientConfig {
     let mut config = ClientConfig::new();
     config
@@ -132,12 +136,12 @@ fn base(args: &KafkaArgs, client_id: &str) -> ClientConfig {
         .set("socket.connection.setup.timeout.ms", "10000")
         .set("reconnect.backoff.max.ms", "2000")
         // re-bootstrap after 10 s of unanswered Metadata requests instead of librdkafka's 5 min.
-        // It does not rescue a client that a Metadata answer naming no broker left with none:
-        // librdkafka 2.12 drops every broker an answer leaves out, the bootstrap servers
-        // included, and starts this timer only when it sends a request, which needs a broker.
-        // A single node in controlled shutdown answers so for a few ms (docs/stack.md): a
-        // client that asks then is stranded until its process restarts.
-        .set("metadata.recovery.rebootstrap.trigger.ms", "10000");
+        // It does not rescue a client that a Metadata answer naming no broker left with none
+        // (librdkafka 2.12 drops every broker an answer leaves out, and starts this timer only
+        // when it sends a request, which needs a broker): the statistics below do
+        .set("metadata.recovery.rebootstrap.trigger.ms", "10000")
+        // read by `crate::rebootstrap`: a client with no broker left adds its bootstrap servers
+        .set("statistics.interval.ms", STATISTICS_INTERVAL.as_millis().to_string());
     config
 }
 
@@ -231,9 +235,12 @@ pub fn base_consumer_settings(args: &KafkaArgs, client_id: &str) -> ClientConfig
     config
 }
 
-/// The admin client (topics).
+/// The admin client (topics): short-lived, and rdkafka polls only its admin queue, so it takes
+/// no statistics (they would pile up unread on its main queue).
 pub fn admin_config(args: &KafkaArgs, client_id: &str) -> ClientConfig {
-    base(args, client_id)
+    let mut config = base(args, client_id);
+    config.set("statistics.interval.ms", "0");
+    config
 }
 
 #[cfg(test)]
@@ -250,6 +257,9 @@ mod tests {
         assert_eq!(config.get("delivery.timeout.ms"), Some("120000"));
         assert_eq!(config.get("partitioner"), Some("murmur2_random"));
         assert_eq!(config.get("linger.ms"), Some("5"));
+        // read by `crate::rebootstrap`
+        assert_eq!(config.get("statistics.interval.ms"), Some("1000"));
+        assert_eq!(admin_config(&args, "test").get("statistics.interval.ms"), Some("0"));
 
         let tx = transactional_producer_config(&args, "test", "tx-antifraude-a", Duration::ZERO);
         assert_eq!(tx.get("transactional.id"), Some("tx-antifraude-a"));

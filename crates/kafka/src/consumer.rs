@@ -38,7 +38,7 @@ pub type KafkaConsumer = StreamConsumer<Context>;
 
 /// Creates a consumer from `config` and subscribes it to `topics`.
 pub fn subscribe(config: &ClientConfig, topics: &[&str]) -> Result<Arc<KafkaConsumer>, Error> {
-    let consumer: KafkaConsumer = config.create_with_context(Context::default()).map_err(Error::Config)?;
+    let consumer: KafkaConsumer = crate::context::create(config).map_err(Error::Config)?;
     consumer.subscribe(topics).map_err(|source| Error::Consumer { operation: "subscribe", source })?;
     Ok(Arc::new(consumer))
 }

@@ -1,21 +1,73 @@
 //! The librdkafka client context shared by every client: its log lines go to `tracing` under
-//! the `librdkafka` target, and consumer rebalances are logged and counted in [`Revocations`].
+//! the `librdkafka` target, consumer rebalances are logged and counted in [`Revocations`], and
+//! its statistics are watched for a client left with no broker ([`crate::rebootstrap`]).
+//! Create clients with [`create`], which binds the context to its client.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use rdkafka::admin::AdminClient;
 use rdkafka::client::ClientContext;
-use rdkafka::config::RDKafkaLogLevel;
-use rdkafka::consumer::{ConsumerContext, Rebalance};
-use rdkafka::error::KafkaError;
-use rdkafka::TopicPartitionList;
+use rdkafka::config::{FromClientConfigAndContext, RDKafkaLogLevel};
+use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::producer::{FutureProducer, Producer as _};
+use rdkafka::types::RDKafka;
+use rdkafka::{ClientConfig, TopicPartitionList};
+
+use crate::rebootstrap::Rebootstrap;
 
 /// Context of every pagamentos Kafka client.
 #[derive(Debug, Clone, Default)]
 pub struct Context {
     /// The consumer's partition revocations (empty for other clients).
     pub revocations: Arc<Revocations>,
+    pub(crate) rebootstrap: Arc<Rebootstrap>,
+}
+
+/// A librdkafka client type built on [`Context`].
+pub trait KafkaClient: FromClientConfigAndContext<Context> {
+    /// The client's `rd_kafka_t`.
+    fn native_ptr(&self) -> *mut RDKafka;
+}
+
+impl KafkaClient for StreamConsumer<Context> {
+    fn native_ptr(&self) -> *mut RDKafka {
+        self.client().native_ptr()
+    }
+}
+
+impl KafkaClient for BaseConsumer<Context> {
+    fn native_ptr(&self) -> *mut RDKafka {
+        self.client().native_ptr()
+    }
+}
+
+impl KafkaClient for FutureProducer<Context> {
+    fn native_ptr(&self) -> *mut RDKafka {
+        self.client().native_ptr()
+    }
+}
+
+impl KafkaClient for AdminClient<Context> {
+    fn native_ptr(&self) -> *mut RDKafka {
+        self.inner().native_ptr()
+    }
+}
+
+/// Creates a client from `config` with a context of its own, bound to it: statistics every
+/// [`crate::config::STATISTICS_INTERVAL`] ([`crate::config`] sets it) let a client that lost
+/// every broker add its bootstrap servers again ([`crate::rebootstrap`]).
+pub fn create<T: KafkaClient>(config: &ClientConfig) -> KafkaResult<T> {
+    let context = Context::default();
+    let client: T = config.create_with_context(context.clone())?;
+    context.rebootstrap.bind(
+        client.native_ptr(),
+        config.get("client.id").unwrap_or("rdkafka"),
+        config.get("bootstrap.servers").unwrap_or_default(),
+    );
+    Ok(client)
 }
 
 /// When a consumer's partitions were revoked (or lost), on a clock that ticks once per
@@ -75,6 +127,10 @@ impl ClientContext for Context {
             }
             RDKafkaLogLevel::Debug => tracing::debug!(target: "librdkafka", facility, "{message}"),
         }
+    }
+
+    fn stats_raw(&self, statistics: &[u8]) {
+        self.rebootstrap.check(statistics);
     }
 
     fn error(&self, error: KafkaError, reason: &str) {

@@ -269,7 +269,7 @@ impl DeadLetterTopic {
             .set("enable.auto.offset.store", "false")
             .set("enable.partition.eof", "true");
         let consumer: BaseConsumer<Context> =
-            config.create_with_context(Context::default()).map_err(kafka("create consumer"))?;
+            crate::context::create(&config).map_err(kafka("create consumer"))?;
         let partitions = crate::topics::partitions(consumer.client(), topic, REQUEST_TIMEOUT)
             .map_err(kafka("metadata"))?;
         if partitions.is_empty() {

@@ -6,7 +6,8 @@
 //! # Layout
 //! - [`config`]: connection settings (`KafkaArgs`, flags with env fallbacks) and the client
 //!   configurations for producers, transactional producers, consumers and the admin client.
-//! - [`context`]: librdkafka's own log lines routed to `tracing`.
+//! - [`context`]: librdkafka's own log lines routed to `tracing`; [`context::create`] makes
+//!   every client, watched for a client left with no broker (`rebootstrap`).
 //! - [`producer`]: the idempotent `acks=all` producer and [`producer::OutgoingRecord`].
 //! - [`transactional`]: the transactional producer, its blocking calls kept off the runtime.
 //! - [`consumer`]: the one consumer loop: batches to a handler, offsets stored only after the
@@ -33,6 +34,7 @@ pub mod error;
 pub mod health;
 pub mod lag;
 pub mod producer;
+mod rebootstrap;
 pub mod retry_topic;
 pub mod topics;
 pub mod trace;

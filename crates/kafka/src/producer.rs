@@ -99,7 +99,7 @@ impl std::fmt::Debug for Producer {
 
 impl Producer {
     pub fn new(config: &ClientConfig) -> Result<Self, Error> {
-        let current = config.create_with_context(Context::default()).map_err(Error::Config)?;
+        let current = crate::context::create(config).map_err(Error::Config)?;
         let client_id = config.get("client.id").unwrap_or("rdkafka").to_owned();
         Ok(Self {
             shared: Arc::new(Shared { config: config.clone(), client_id, current: Mutex::new(current) }),
@@ -130,7 +130,7 @@ impl Producer {
         if current.client().native_ptr() != failed.client().native_ptr() {
             return;
         }
-        match self.shared.config.create_with_context(Context::default()) {
+        match crate::context::create(&self.shared.config) {
             Ok(fresh) => {
                 let old = std::mem::replace(&mut *current, fresh);
                 drop(current);

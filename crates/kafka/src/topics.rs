@@ -70,9 +70,8 @@ impl fmt::Display for Report {
 type Admin = AdminClient<Context>;
 
 fn connect(args: &KafkaArgs) -> Result<Arc<Admin>, Error> {
-    let admin: Admin = admin_config(args, "pagamentos-admin")
-        .create_with_context(Context::default())
-        .map_err(Error::Config)?;
+    let admin: Admin =
+        crate::context::create(&admin_config(args, "pagamentos-admin")).map_err(Error::Config)?;
     Ok(Arc::new(admin))
 }
 

@@ -71,7 +71,7 @@ fn transaction_error(operation: &'static str, source: KafkaError) -> Error {
 impl TransactionalProducer {
     /// Creates the client; `config` must carry a `transactional.id`.
     pub fn new(config: &ClientConfig) -> Result<Self, Error> {
-        let inner = config.create_with_context(Context::default()).map_err(Error::Config)?;
+        let inner = crate::context::create(config).map_err(Error::Config)?;
         Ok(Self { inner })
     }
 

@@ -64,7 +64,7 @@ impl OutcomeReader {
             // an outcome is counted when it is seen: do not let fetches idle
             .set("fetch.wait.max.ms", "10");
         let consumer: StreamConsumer<Context> =
-            config.create_with_context(Context::default()).map_err(kafka_error("create consumer"))?;
+            kafka::context::create(&config).map_err(kafka_error("create consumer"))?;
         let mut assignment = TopicPartitionList::new();
         for name in [topics::SETTLED, topics::REJECTED] {
             let topic = args.topic(name);

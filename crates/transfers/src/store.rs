@@ -107,7 +107,8 @@ async fn create_in(
         let transfer = insert_transfer(tx, request, None, target).await?;
         return Ok(Ok(Created::New(transfer.expect("without a key the transfer is always inserted"))));
     };
-    // an expired key found in the way is deleted and the claim retried once
+    // an expired key found in the way is deleted and the claim retried once; so is a key that
+    // the expired-key cleanup deleted between the claim and the look at what was in its way
     for _ in 0..2 {
         if let Some(transfer) = insert_transfer(tx, request, Some(key), target).await? {
             return Ok(Ok(Created::New(transfer)));
@@ -121,23 +122,23 @@ async fn create_in(
         .fetch_optional(&mut **tx)
         .await?;
         match held {
-            // claimed by a request not committed yet
-            None => return Ok(Err(StoreError::KeyInFlight)),
+            // nothing committed in the way: either a request not committed yet holds the key's
+            // lock, or the cleanup (which takes no lock) deleted an expired row since the claim
+            None if !key_lock(tx, key).await? => return Ok(Err(StoreError::KeyInFlight)),
+            None => {}
             Some((_, _, true)) => {
                 // only the lock's holder may delete: another deleting it is in flight
-                let deleted = sqlx::query(
-                    "DELETE FROM chave_idempotencia \
-                     WHERE escopo = $1 AND chave = $2 AND expira_em <= now() \
-                       AND pg_try_advisory_xact_lock(hashtext($1), hashtext($2))",
+                if !key_lock(tx, key).await? {
+                    return Ok(Err(StoreError::KeyInFlight));
+                }
+                // gone already if the cleanup got there first: the claim is retried either way
+                sqlx::query(
+                    "DELETE FROM chave_idempotencia WHERE escopo = $1 AND chave = $2 AND expira_em <= now()",
                 )
                 .bind(&key.scope)
                 .bind(&key.key)
                 .execute(&mut **tx)
-                .await?
-                .rows_affected();
-                if deleted == 0 {
-                    return Ok(Err(StoreError::KeyInFlight));
-                }
+                .await?;
             }
             Some((fingerprint, transfer_id, false)) => {
                 if fingerprint != key.fingerprint {
@@ -149,6 +150,17 @@ async fn create_in(
         }
     }
     Ok(Err(StoreError::KeyInFlight))
+}
+
+/// Takes `key`'s transaction-scoped advisory lock without waiting (`true` if this transaction
+/// holds it now, also when it already did).
+async fn key_lock(tx: &mut Transaction<'_, Postgres>, key: &IdempotencyKey) -> Result<bool, StoreError> {
+    let (locked,): (bool,) = sqlx::query_as("SELECT pg_try_advisory_xact_lock(hashtext($1), hashtext($2))")
+        .bind(&key.scope)
+        .bind(&key.key)
+        .fetch_one(&mut **tx)
+        .await?;
+    Ok(locked)
 }
 
 /// Inserts the transfer and its outbox event; with a key, only if this request claims it (in

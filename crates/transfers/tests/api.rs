@@ -75,6 +75,32 @@ async fn an_idempotent_replay_returns_the_original_and_publishes_nothing() {
     app.stop().await;
 }
 
+/// The expired-key cleanup takes no lock: deleting the row between a request's claim (which
+/// met it) and its look at what was in the way must not turn the request into a `409`.
+#[tokio::test]
+async fn an_expired_key_is_claimed_again_while_the_cleanup_deletes_it() {
+    let app = spawn_app().await;
+    for round in 0..40 {
+        let key = format!("race-{round}");
+        let first = app.post_transfer(&transfer("CC-001", "CC-002", 500), Some(&key)).await;
+        assert_eq!(first.status(), 202);
+        sqlx::query("UPDATE chave_idempotencia SET expira_em = now() - interval '1 second' WHERE chave = $1")
+            .bind(&key)
+            .execute(&app.database.pool)
+            .await
+            .expect("expire the key");
+        let body = transfer("CC-001", "CC-002", 999);
+        let (again, cleanup) = tokio::join!(
+            app.post_transfer(&body, Some(&key)),
+            transfers::store::delete_expired_keys(&app.database.pool),
+        );
+        cleanup.expect("cleanup");
+        assert_eq!(again.status(), 202, "round {round}: a new transfer, the cleanup or not");
+        assert!(again.headers().get("idempotent-replayed").is_none());
+    }
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn an_expired_key_is_forgotten() {
     let app = spawn_app().await;

@@ -19,11 +19,20 @@ use rdkafka::{ClientConfig, TopicPartitionList};
 use crate::rebootstrap::Rebootstrap;
 
 /// Context of every pagamentos Kafka client.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct Context {
     /// The consumer's partition revocations (empty for other clients).
     pub revocations: Arc<Revocations>,
-    pub(crate) rebootstrap: Arc<Rebootstrap>,
+    /// Bound to one client by [`create`]; never shared with another.
+    rebootstrap: Arc<Rebootstrap>,
+}
+
+/// A clone shares the revocations, not the binding: a client created with a clone of another
+/// client's context must not add brokers to that other client.
+impl Clone for Context {
+    fn clone(&self) -> Self {
+        Self { revocations: self.revocations.clone(), rebootstrap: Arc::default() }
+    }
 }
 
 /// A librdkafka client type built on [`Context`].
@@ -61,8 +70,9 @@ impl KafkaClient for AdminClient<Context> {
 /// every broker add its bootstrap servers again ([`crate::rebootstrap`]).
 pub fn create<T: KafkaClient>(config: &ClientConfig) -> KafkaResult<T> {
     let context = Context::default();
-    let client: T = config.create_with_context(context.clone())?;
-    context.rebootstrap.bind(
+    let rebootstrap = context.rebootstrap.clone();
+    let client: T = config.create_with_context(context)?;
+    rebootstrap.bind(
         client.native_ptr(),
         config.get("client.id").unwrap_or("rdkafka"),
         config.get("bootstrap.servers").unwrap_or_default(),
@@ -170,6 +180,17 @@ impl ConsumerContext for Context {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_clone_of_a_context_is_never_bound_to_the_original_client() {
+        let context = Context::default();
+        // never dereferenced: only a statistics callback of a bound client would use it
+        context.rebootstrap.bind(std::ptr::null_mut(), "test", "localhost:9092");
+        assert!(context.rebootstrap.is_bound());
+        let clone = context.clone();
+        assert!(!clone.rebootstrap.is_bound(), "a client made with the clone has its own binding");
+        assert!(Arc::ptr_eq(&clone.revocations, &context.revocations), "revocations are shared");
+    }
 
     #[test]
     fn a_record_is_stale_only_if_its_partition_was_revoked_after_it_was_taken() {

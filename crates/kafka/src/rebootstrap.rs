@@ -61,6 +61,12 @@ pub(crate) fn stranded(json: &[u8]) -> Option<bool> {
 }
 
 impl Rebootstrap {
+    /// Whether [`bind`](Self::bind) has bound this to a client.
+    #[cfg(test)]
+    pub(crate) fn is_bound(&self) -> bool {
+        self.bound.get().is_some()
+    }
+
     /// Binds to `client`, the client whose context holds this.
     pub(crate) fn bind(&self, client: *mut RDKafka, client_id: &str, bootstrap: &str) {
         let Ok(bootstrap) = CString::new(bootstrap) else {
@@ -90,10 +96,11 @@ impl Rebootstrap {
                 return;
             }
         }
-        // SAFETY: `bound.client` is the `rd_kafka_t` of the client that owns this context
-        // (`bind` takes it from the client whose context this is, and a context is created for
-        // one client: `context::create`). This runs in that client's statistics callback, during
-        // its own poll, so the client is alive and not being destroyed. `rd_kafka_brokers_add`
+        // SAFETY: `bound.client` is the `rd_kafka_t` of the client that owns this context:
+        // `context::create` binds a fresh context to the client it was just given to, a context
+        // is bound once, and a clone of a context is never bound (`Context`'s `Clone`). This runs
+        // in that client's statistics callback, during its own poll, so the client is alive and
+        // not being destroyed. `rd_kafka_brokers_add`
         // may be called from any thread at any time (it takes the client's lock) and copies the
         // NUL-terminated list it is given.
         #[allow(unsafe_code)]

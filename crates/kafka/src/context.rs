@@ -182,6 +182,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn create_binds_the_client_s_own_context() {
+        let mut config = crate::config::base_consumer_settings(&crate::KafkaArgs::new("127.0.0.1:1"), "test");
+        config.set("group.id", "test");
+        let consumer: BaseConsumer<Context> = create(&config).expect("consumer");
+        assert!(consumer.context().rebootstrap.is_bound());
+    }
+
+    #[test]
     fn a_clone_of_a_context_is_never_bound_to_the_original_client() {
         let context = Context::default();
         // never dereferenced: only a statistics callback of a bound client would use it

@@ -124,8 +124,10 @@ pub const DELIVERY_TIMEOUT: Duration = Duration::from_millis(120_000);
 pub const TRANSACTION_TIMEOUT: Duration = Duration::from_millis(10_000);
 
 /// How often every client reports its statistics (`statistics.interval.ms`), and so how soon a
-/// client left with no broker notices (`crate::rebootstrap`).
-pub const STATISTICS_INTERVAL: Duration = Duration::from_millis(1000);
+/// client left with no broker notices (`crate::rebootstrap`). Not more often: at 200
+/// transfers/s, reports every second raised the end-to-end p99 and max (max 91–265 ms in four
+/// runs, against 61–93 ms without statistics and 60–66 ms with reports every 10 s).
+pub const STATISTICS_INTERVAL: Duration = Duration::from_millis(10_000);
 
 fn base(args: &KafkaArgs, client_id: &str) -> ClientConfig {
     let mut config = ClientConfig::new();
@@ -258,7 +260,7 @@ mod tests {
         assert_eq!(config.get("partitioner"), Some("murmur2_random"));
         assert_eq!(config.get("linger.ms"), Some("5"));
         // read by `crate::rebootstrap`
-        assert_eq!(config.get("statistics.interval.ms"), Some("1000"));
+        assert_eq!(config.get("statistics.interval.ms"), Some("10000"));
         assert_eq!(admin_config(&args, "test").get("statistics.interval.ms"), Some("0"));
 
         let tx = transactional_producer_config(&args, "test", "tx-antifraude-a", Duration::ZERO);

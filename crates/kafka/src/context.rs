@@ -201,6 +201,13 @@ mod tests {
     }
 
     #[test]
+    fn a_client_without_bootstrap_servers_has_nothing_to_add_again() {
+        let context = Context::default();
+        context.rebootstrap.bind(std::ptr::null_mut(), "test", " ");
+        assert!(!context.rebootstrap.is_bound());
+    }
+
+    #[test]
     fn a_record_is_stale_only_if_its_partition_was_revoked_after_it_was_taken() {
         let revocations = Revocations::default();
         let before = revocations.now();

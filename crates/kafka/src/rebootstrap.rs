@@ -67,8 +67,12 @@ impl Rebootstrap {
         self.bound.get().is_some()
     }
 
-    /// Binds to `client`, the client whose context holds this.
+    /// Binds to `client`, the client whose context holds this. Without bootstrap servers there
+    /// is nothing to add again, and librdkafka already warns that the client cannot connect.
     pub(crate) fn bind(&self, client: *mut RDKafka, client_id: &str, bootstrap: &str) {
+        if bootstrap.trim().is_empty() {
+            return;
+        }
         let Ok(bootstrap) = CString::new(bootstrap) else {
             return; // a NUL in the server list: librdkafka would have refused the config already
         };
@@ -100,9 +104,8 @@ impl Rebootstrap {
         // `context::create` binds a fresh context to the client it was just given to, a context
         // is bound once, and a clone of a context is never bound (`Context`'s `Clone`). This runs
         // in that client's statistics callback, during its own poll, so the client is alive and
-        // not being destroyed. `rd_kafka_brokers_add`
-        // may be called from any thread at any time (it takes the client's lock) and copies the
-        // NUL-terminated list it is given.
+        // not being destroyed. `rd_kafka_brokers_add` may be called from any thread at any time
+        // (it takes the client's lock) and copies the NUL-terminated list it is given.
         #[allow(unsafe_code)]
         let added = unsafe {
             rdkafka::bindings::rd_kafka_brokers_add(bound.client as *mut RDKafka, bound.bootstrap.as_ptr())

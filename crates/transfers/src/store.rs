@@ -77,7 +77,8 @@ pub async fn create(pool: &PgPool, new: &NewTransfer) -> Result<Created, StoreEr
 
 /// [`create`] for every transfer of `batch` in one transaction (a group commit): each gets its
 /// own answer (created, replayed, or refused for its key), all committed together. `Err`: the
-/// transaction failed and nothing was written.
+/// transaction failed, nothing was written, and it has been rolled back (its keys are free
+/// again) unless the connection broke.
 ///
 /// A key is claimed under a transaction-scoped advisory lock on (scope, key), taken without
 /// waiting: a request that finds it held answers `409` at once (the other request is in
@@ -90,7 +91,20 @@ pub async fn create_batch(
     let mut tx = pool.begin().await?;
     let mut answers = Vec::with_capacity(batch.len());
     for new in batch {
-        answers.push(create_in(&mut tx, new).await?);
+        match create_in(&mut tx, new).await {
+            Ok(answer) => answers.push(answer),
+            Err(error) => {
+                // ended here, not left to the drop: a dropped transaction is only queued for
+                // rollback (or its connection closed), and until the server has ended it, it
+                // keeps the advisory locks of the keys it claimed. The writer retries these
+                // requests one by one, on other connections: they would find their own keys
+                // "in flight" (seen once in a full test run, on a loaded machine)
+                if let Err(rollback) = tx.rollback().await {
+                    tracing::debug!(error = %rollback, "rolling back a failed batch of transfers");
+                }
+                return Err(error);
+            }
+        }
     }
     tx.commit().await?;
     Ok(answers)

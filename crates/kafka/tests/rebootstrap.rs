@@ -5,8 +5,9 @@
 //! `kafka::rebootstrap` such a client never connects again. Many clients, each asking often
 //! (every producer has a record waiting for a leader), make it likely that one of them gets
 //! such an answer: with the re-bootstrap switched off, 3 of 16 runs of this test with fewer
-//! clients and restarts (24 producers and 8 consumers, or 2 and 40, through 3 restarts) failed. Restarts the shared broker, so it is `#[ignore]`d and run alone
-//! by `scripts/test` after the rest of the suite.
+//! clients and restarts (24 producers and 8 consumers, or 2 and 40, through 3 restarts)
+//! failed. Restarts the shared broker, so it is `#[ignore]`d and run alone by `scripts/test`
+//! after the rest of the suite.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -159,6 +159,8 @@ struct System {
     prefix: String,
     databases: [String; 2],
     http: reqwest::Client,
+    /// The bearer tokens this run's services were started with (random per run).
+    tokens: [String; 2],
 }
 
 impl System {
@@ -176,8 +178,12 @@ impl System {
         let ports = [free_port()?, free_port()?, free_port()?, free_port()?];
         let prefix = format!("bench-{run}-{profile}.");
         let log = std::fs::File::create(args.out.join(format!("{profile}.log")))?;
+        let tokens =
+            [format!("bench-api-{}", uuid::Uuid::new_v4()), format!("bench-admin-{}", uuid::Uuid::new_v4())];
         let child = Command::new(binary)
             .args(["all", "--profile", profile])
+            .env("PAGAMENTOS_API_TOKEN", &tokens[0])
+            .env("PAGAMENTOS_ADMIN_TOKEN", &tokens[1])
             .env("TRANSFERENCIAS_DATABASE_URL", format!("{base}/{}", databases[0]))
             .env("LEDGER_DATABASE_URL", format!("{base}/{}", databases[1]))
             .env("TRANSFERENCIAS_LISTEN", format!("127.0.0.1:{}", ports[0]))
@@ -199,6 +205,7 @@ impl System {
             prefix,
             databases,
             http: reqwest::Client::new(),
+            tokens,
         };
         let deadline = Instant::now() + Duration::from_secs(120);
         for port in ports {
@@ -271,6 +278,8 @@ impl System {
             .args(extra)
             .env("LOADGEN_TRANSFERENCIAS_URL", format!("http://127.0.0.1:{}", self.ports[0]))
             .env("LOADGEN_LEDGER_URL", format!("http://127.0.0.1:{}", self.ports[1]))
+            .env("PAGAMENTOS_API_TOKEN", &self.tokens[0])
+            .env("PAGAMENTOS_ADMIN_TOKEN", &self.tokens[1])
             .env("KAFKA_BOOTSTRAP_SERVERS", &args.kafka_bootstrap_servers)
             .env("PAGAMENTOS_TOPIC_PREFIX", &self.prefix)
             .env("RUST_LOG", "warn")

@@ -130,9 +130,9 @@ async fn run(profile: Profile, scenario: Scenario, backlog: usize, accounts: usi
             ledger_retry_max_ms: 15_000,
             ledger_retries: 5,
             outbox_retention_seconds: 86_400,
-            api_token: None,
-            admin_token: None,
         },
+        // no HTTP client here: the bench feeds Kafka
+        auth: web::AuthArgs::insecure(),
         kafka: topics.args.clone(),
         topics: kafka::TopicArgs { partitions: 12, replicas: 1 },
         profile,

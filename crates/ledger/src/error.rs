@@ -3,6 +3,8 @@
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    #[error(transparent)]
+    Auth(#[from] web::AuthConfigError),
     #[error("PostgreSQL at {address} unreachable")]
     Connect {
         address: String,

@@ -105,26 +105,6 @@ pub struct LedgerArgs {
     /// How long published outbox rows are kept before they are deleted, in seconds.
     #[arg(id = "ledger_outbox_retention_seconds", value_name = "OUTBOX_RETENTION_SECONDS", long = "ledger-outbox-retention-seconds", env = "OUTBOX_RETENTION_SECONDS", default_value_t = 86_400, value_parser = clap::value_parser!(u64).range(1..))]
     pub outbox_retention_seconds: u64,
-
-    /// When set, the API requires `Authorization: Bearer <token>`.
-    #[arg(
-        id = "ledger_api_token",
-        value_name = "API_TOKEN",
-        long = "ledger-api-token",
-        env = "PAGAMENTOS_API_TOKEN",
-        hide_env_values = true
-    )]
-    pub api_token: Option<String>,
-
-    /// Accepted wherever the API token is; when set, creating accounts and deposits need it.
-    #[arg(
-        id = "ledger_admin_token",
-        value_name = "ADMIN_TOKEN",
-        long = "ledger-admin-token",
-        env = "PAGAMENTOS_ADMIN_TOKEN",
-        hide_env_values = true
-    )]
-    pub admin_token: Option<String>,
 }
 
 impl LedgerArgs {
@@ -145,6 +125,8 @@ impl LedgerArgs {
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub args: LedgerArgs,
+    /// Bearer tokens, or `--insecure-no-auth` (the service refuses to start with neither).
+    pub auth: web::AuthArgs,
     pub kafka: KafkaArgs,
     pub topics: TopicArgs,
     pub profile: Profile,
@@ -159,7 +141,9 @@ pub async fn start(
     shutdown: CancellationToken,
     tracker: &TaskTracker,
 ) -> Result<SocketAddr, Error> {
-    let Settings { args, kafka, topics: topic_args, profile } = settings;
+    let Settings { args, auth, kafka, topics: topic_args, profile } = settings;
+    // before anything else: a service that would let anyone create money does not start
+    let tokens = auth.resolve("ledger")?;
     let options: sqlx::postgres::PgConnectOptions = args
         .database_url
         .parse()
@@ -178,15 +162,16 @@ pub async fn start(
     let group = kafka.group(topics::groups::LEDGER);
     let input = kafka.topic(topics::ANALYSED);
     let producer = Producer::new(&producer_config(&kafka, "ledger", profile.linger()))?;
-    let state = api::AppState {
-        pool: pool.clone(),
-        tokens: web::Tokens { api: args.api_token.clone(), admin: args.admin_token.clone() },
-    };
+    let state = api::AppState { pool: pool.clone(), tokens: tokens.clone() };
     let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> = vec![
         Arc::new(outbox::health::DatabaseReady::new(pool.clone())),
         Arc::new(kafka::health::KafkaReady::new(producer.clone(), input.clone())),
     ];
-    let app = api::router(state).merge(telemetry::health::router(checks, telemetry::metrics::install()));
+    let app = api::router(state).merge(telemetry::health::router_with_warnings(
+        checks,
+        telemetry::metrics::install(),
+        tokens.warnings(),
+    ));
     let (bound, serve) =
         telemetry::server::bind("ledger API", args.listen, app, shutdown.clone().cancelled_owned())
             .await

@@ -29,6 +29,9 @@ pub struct TransfersCommand {
     transfers: transfers::TransfersArgs,
 
     #[command(flatten)]
+    auth: web::AuthArgs,
+
+    #[command(flatten)]
     common: CommonArgs,
 }
 
@@ -45,6 +48,9 @@ pub struct AntifraudCommand {
 pub struct LedgerCommand {
     #[command(flatten)]
     ledger: ledger::LedgerArgs,
+
+    #[command(flatten)]
+    auth: web::AuthArgs,
 
     #[command(flatten)]
     common: CommonArgs,
@@ -73,6 +79,10 @@ pub struct AllCommand {
 
     #[command(flatten)]
     notifications: notifications::NotificationsArgs,
+
+    /// One set of tokens for both APIs.
+    #[command(flatten)]
+    auth: web::AuthArgs,
 
     #[command(flatten)]
     common: CommonArgs,
@@ -114,6 +124,7 @@ where
 pub async fn transfers(command: TransfersCommand) -> anyhow::Result<ExitCode> {
     let settings = transfers::Settings {
         args: command.transfers,
+        auth: command.auth,
         kafka: command.common.kafka,
         topics: command.common.topics,
         profile: command.common.profile,
@@ -136,6 +147,7 @@ pub async fn antifraud(command: AntifraudCommand) -> anyhow::Result<ExitCode> {
 pub async fn ledger(command: LedgerCommand) -> anyhow::Result<ExitCode> {
     let settings = ledger::Settings {
         args: command.ledger,
+        auth: command.auth,
         kafka: command.common.kafka,
         topics: command.common.topics,
         profile: command.common.profile,
@@ -165,13 +177,20 @@ pub async fn all(command: AllCommand) -> anyhow::Result<ExitCode> {
         ledger: ledger_args,
         antifraud: antifraud_args,
         notifications: notifications_args,
+        auth,
         common,
     } = command;
     serve("all", |token, tracker| async move {
         let CommonArgs { kafka, topics, profile } = common;
         // downstream first, so nothing the upstream services publish waits for a consumer
         let ledger = ledger::start(
-            ledger::Settings { args: ledger_args, kafka: kafka.clone(), topics: topics.clone(), profile },
+            ledger::Settings {
+                args: ledger_args,
+                auth: auth.clone(),
+                kafka: kafka.clone(),
+                topics: topics.clone(),
+                profile,
+            },
             token.clone(),
             &tracker,
         )
@@ -202,7 +221,7 @@ pub async fn all(command: AllCommand) -> anyhow::Result<ExitCode> {
         .await
         .map_err(AllError::Antifraud)?;
         let transfers = transfers::start(
-            transfers::Settings { args: transfers_args, kafka, topics, profile },
+            transfers::Settings { args: transfers_args, auth, kafka, topics, profile },
             token.clone(),
             &tracker,
         )

@@ -484,7 +484,7 @@ async fn bank_under_faults(system: &System, schedule: &[Fault], rounds: usize, c
     }
 
     let client = Arc::new(Client::default());
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(3)).build().expect("client");
+    let http = common::system::admin_client(Some(Duration::from_secs(3)));
     let apis = [system.api("/transferencias"), format!("http://127.0.0.1:{}/transferencias", b[0].ports[0])];
     let (stop, posts) = (CancellationToken::new(), TaskTracker::new());
     let driver = tokio::spawn(drive(client.clone(), http, apis, stop.clone(), posts.clone()));

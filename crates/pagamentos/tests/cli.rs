@@ -159,3 +159,52 @@ fn a_malformed_environment_value_is_refused_naming_the_variable() {
         assert!(stderr.contains(variable), "{variable} not named: {stderr}");
     }
 }
+
+/// A subcommand, its environment, and what its refusal must say.
+type Refusal = (&'static str, &'static [(&'static str, &'static str)], &'static str);
+
+#[test]
+fn services_refuse_to_start_without_auth_or_a_webhook_secret() {
+    let cases: [Refusal; 5] = [
+        ("all", &[], "authentication is required"),
+        ("transferencias", &[("PAGAMENTOS_API_TOKEN", "api")], "missing: PAGAMENTOS_ADMIN_TOKEN"),
+        ("ledger", &[("PAGAMENTOS_API_TOKEN", "same"), ("PAGAMENTOS_ADMIN_TOKEN", "same")], "must differ"),
+        (
+            "transferencias",
+            &[("PAGAMENTOS_API_TOKEN", "api"), ("PAGAMENTOS_INSECURE_NO_AUTH", "true")],
+            "choose one",
+        ),
+        (
+            "notificacoes",
+            &[("NOTIFICACOES_WEBHOOK_URL", "http://127.0.0.1:1/hooks")],
+            "NOTIFICACOES_WEBHOOK_SECRET",
+        ),
+    ];
+    for (subcommand, env, says) in cases {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_pagamentos"));
+        command
+            .arg(subcommand)
+            .env("LOG_FORMAT", "pretty")
+            // nothing else may be reached first: the refusal comes before any connection
+            .env("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")
+            .env("TRANSFERENCIAS_DATABASE_URL", "postgres://nobody:x@127.0.0.1:1/none")
+            .env("LEDGER_DATABASE_URL", "postgres://nobody:x@127.0.0.1:1/none");
+        for name in [
+            "PAGAMENTOS_API_TOKEN",
+            "PAGAMENTOS_ADMIN_TOKEN",
+            "PAGAMENTOS_INSECURE_NO_AUTH",
+            "NOTIFICACOES_WEBHOOK_SECRET",
+            "NOTIFICACOES_WEBHOOK_UNSIGNED",
+        ] {
+            command.env_remove(name);
+        }
+        let output = command.envs(env.iter().copied()).output().expect("run pagamentos");
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{subcommand} {env:?}: {stderr}");
+        assert!(stderr.contains(says), "{subcommand} {env:?} should say {says:?}: {stderr}");
+        assert!(
+            !stderr.contains("unreachable"),
+            "{subcommand}: refused only after trying a connection: {stderr}"
+        );
+    }
+}

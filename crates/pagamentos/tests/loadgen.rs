@@ -22,6 +22,8 @@ fn loadgen(system: &System, args: &[&str]) -> Command {
         .env("PAGAMENTOS_TOPIC_PREFIX", &system.topics.args.topic_prefix)
         .env("LOADGEN_TRANSFERENCIAS_URL", format!("http://127.0.0.1:{}", system.ports[0]))
         .env("LOADGEN_LEDGER_URL", format!("http://127.0.0.1:{}", system.ports[1]))
+        .env("PAGAMENTOS_API_TOKEN", common::API_TOKEN)
+        .env("PAGAMENTOS_ADMIN_TOKEN", common::ADMIN_TOKEN)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -22,9 +22,7 @@ use serde_json::json;
 use tokio::process::Command;
 
 use common::system::System;
-
-const API_TOKEN: &str = "schemathesis-api-token";
-const ADMIN_TOKEN: &str = "schemathesis-admin-token";
+use common::ADMIN_TOKEN;
 
 /// Runs Schemathesis on the API at `port`; its report, and whether it passed.
 async fn schemathesis(port: u16, seconds: u64) -> (bool, String) {
@@ -72,16 +70,13 @@ async fn both_apis_hold_to_their_openapi_documents_under_schemathesis() {
         .map(|s| s.parse().expect("PAGAMENTOS_SCHEMATHESIS_SECONDS: seconds"))
         .unwrap_or(40);
     let system = System::new().await;
-    let mut all = system
-        .start_with(&[("PAGAMENTOS_API_TOKEN", API_TOKEN), ("PAGAMENTOS_ADMIN_TOKEN", ADMIN_TOKEN)])
-        .await;
+    let mut all = system.start().await;
     // the documents' examples name CC-001 and CC-002: with them funded, the fuzzer's transfers
     // can be accepted and settled, not only refused
     for account in ["CC-001", "CC-002"] {
         let response = system
             .http
             .post(system.ledger("/contas"))
-            .bearer_auth(ADMIN_TOKEN)
             .json(&json!({"id": account, "moeda": "BRL", "saldoInicialCentavos": 1_000_000}))
             .send()
             .await

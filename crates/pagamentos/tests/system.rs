@@ -67,7 +67,8 @@ async fn sigterm_under_load_loses_and_doubles_nothing() {
                 if n % ACCOUNTS == (n * 7 + 3) % ACCOUNTS {
                     continue; // same account on both sides: not a transfer
                 }
-                match http.post(&url).json(&body).send().await {
+                let key = format!("load-{n}");
+                match http.post(&url).header("Idempotency-Key", key).json(&body).send().await {
                     Ok(response) if response.status() == 202 => {
                         let body: Value = response.json().await.expect("body");
                         accepted.push(body["id"].as_str().expect("id").to_owned());
@@ -133,6 +134,7 @@ async fn one_trace_follows_a_transfer_through_every_hop() {
     let response = system
         .http
         .post(system.api("/transferencias"))
+        .header("Idempotency-Key", "trace-1")
         .header("traceparent", format!("00-{incoming_trace}-00f067aa0ba902b7-01"))
         .json(&json!({"contaOrigem": "TRACE-A", "contaDestino": "TRACE-B", "valorEmCentavos": 500, "moeda": "BRL"}))
         .send()

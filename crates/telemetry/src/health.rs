@@ -2,7 +2,9 @@
 //!
 //! `/healthz` answers while the process is alive; `/readyz` runs every readiness check (its
 //! database, its Kafka) concurrently with a timeout and answers `503` naming each one that
-//! failed; `/metrics` renders the Prometheus text format.
+//! failed; `/metrics` renders the Prometheus text format. A service running in a mode an
+//! operator chose against the defaults (e.g. `--insecure-no-auth`) says so on `/readyz`, one
+//! `warning:` line each, whatever the checks say.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -31,15 +33,25 @@ pub trait ReadinessCheck: Send + Sync + 'static {
 struct HealthState {
     checks: Arc<Vec<Arc<dyn ReadinessCheck>>>,
     metrics: PrometheusHandle,
+    warnings: Arc<Vec<String>>,
 }
 
 /// The three routes, to merge into a service's router.
 pub fn router(checks: Vec<Arc<dyn ReadinessCheck>>, metrics: PrometheusHandle) -> Router {
+    router_with_warnings(checks, metrics, Vec::new())
+}
+
+/// [`router`] for a service that `/readyz` must also describe with `warnings` (one line each).
+pub fn router_with_warnings(
+    checks: Vec<Arc<dyn ReadinessCheck>>,
+    metrics: PrometheusHandle,
+    warnings: Vec<String>,
+) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(render_metrics))
-        .with_state(HealthState { checks: Arc::new(checks), metrics })
+        .with_state(HealthState { checks: Arc::new(checks), metrics, warnings: Arc::new(warnings) })
 }
 
 #[derive(utoipa::OpenApi)]
@@ -56,6 +68,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     get,
     path = "/healthz",
     tag = "operations",
+    security(()),
     responses((status = 200, description = "`ok`", content_type = "text/plain"))
 )]
 async fn healthz() -> &'static str {
@@ -67,9 +80,10 @@ async fn healthz() -> &'static str {
     get,
     path = "/readyz",
     tag = "operations",
+    security(()),
     responses(
-        (status = 200, description = "`ready`", content_type = "text/plain"),
-        (status = 503, description = "`not ready` and one line per failing dependency", content_type = "text/plain")
+        (status = 200, description = "`ready`, then a `warning:` line per unsafe mode the service runs in (e.g. `--insecure-no-auth`)", content_type = "text/plain"),
+        (status = 503, description = "`not ready`, one line per failing dependency, then the `warning:` lines", content_type = "text/plain")
     )
 )]
 async fn readyz(State(state): State<HealthState>) -> Response {
@@ -85,11 +99,13 @@ async fn readyz(State(state): State<HealthState>) -> Response {
         .into_iter()
         .filter_map(|(name, outcome)| outcome.err().map(|why| format!("{name}: {why}")))
         .collect();
+    let warnings: String = state.warnings.iter().map(|warning| format!("warning: {warning}\n")).collect();
     if failures.is_empty() {
-        (StatusCode::OK, "ready\n").into_response()
+        (StatusCode::OK, format!("ready\n{warnings}")).into_response()
     } else {
         tracing::warn!(failures = ?failures, "not ready");
-        (StatusCode::SERVICE_UNAVAILABLE, format!("not ready\n{}\n", failures.join("\n"))).into_response()
+        (StatusCode::SERVICE_UNAVAILABLE, format!("not ready\n{}\n{warnings}", failures.join("\n")))
+            .into_response()
     }
 }
 
@@ -98,6 +114,7 @@ async fn readyz(State(state): State<HealthState>) -> Response {
     get,
     path = "/metrics",
     tag = "operations",
+    security(()),
     responses((status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain"))
 )]
 async fn render_metrics(State(state): State<HealthState>) -> Response {
@@ -160,6 +177,21 @@ mod tests {
         assert!(!body.contains("postgres"), "{body}");
         // liveness does not depend on readiness
         assert_eq!(get(router(failing, handle), "/healthz").await.0, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn warnings_show_whether_ready_or_not() {
+        let handle = crate::metrics::install();
+        let warning = vec!["authentication disabled".to_owned()];
+        let ok: Vec<Arc<dyn ReadinessCheck>> = vec![Arc::new(Fixed("postgres", Ok(())))];
+        let (status, body) = get(router_with_warnings(ok, handle.clone(), warning.clone()), "/readyz").await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "ready\nwarning: authentication disabled\n"));
+        let failing: Vec<Arc<dyn ReadinessCheck>> = vec![Arc::new(Fixed("kafka", Err("down".into())))];
+        let (status, body) = get(router_with_warnings(failing, handle.clone(), warning), "/readyz").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.ends_with("kafka: down\nwarning: authentication disabled\n"), "{body}");
+        let (_, body) = get(router(Vec::new(), handle), "/readyz").await;
+        assert_eq!(body, "ready\n");
     }
 
     #[tokio::test(start_paused = true)]

@@ -23,6 +23,11 @@ pub enum StoreError {
     /// The transaction this request shared with others failed for want of the database.
     #[error("the transfers database is unavailable: {0}")]
     Unavailable(String),
+    /// The connection broke while `COMMIT` was on its way: the transaction may or may not be
+    /// committed. Never retried here (a request without a key would be written twice); the
+    /// client looks the transfer up or retries with the same Idempotency-Key.
+    #[error("the connection broke during COMMIT: the outcome is unknown")]
+    OutcomeUnknown(#[source] std::sync::Arc<sqlx::Error>),
 }
 
 impl StoreError {
@@ -42,6 +47,8 @@ impl StoreError {
 /// What can stop the service from starting or running.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    #[error(transparent)]
+    Auth(#[from] web::AuthConfigError),
     #[error("database at {address} unreachable")]
     Connect {
         address: String,

@@ -85,19 +85,25 @@ pub struct TransfersArgs {
     #[arg(long, env = "TRANSFERENCIAS_OUTBOX_MAX_PENDING", default_value_t = 100_000, value_parser = clap::value_parser!(i64).range(1..))]
     pub outbox_max_pending: i64,
 
-    /// When set, the API requires `Authorization: Bearer <token>`.
-    #[arg(long, env = "PAGAMENTOS_API_TOKEN", hide_env_values = true)]
-    pub api_token: Option<String>,
-
-    /// Accepted wherever the API token is.
-    #[arg(long, env = "PAGAMENTOS_ADMIN_TOKEN", hide_env_values = true)]
-    pub admin_token: Option<String>,
+    /// `POST /transferencias` without an `Idempotency-Key` header is refused with `400`; `false`
+    /// makes the key optional, as in the reference article's API (a client that retries
+    /// without one after a lost answer may then create the transfer twice).
+    #[arg(
+        long,
+        env = "TRANSFERENCIAS_IDEMPOTENCY_KEY_REQUIRED",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        value_name = "BOOL"
+    )]
+    pub idempotency_key_required: bool,
 }
 
 /// Everything a running transfers service needs.
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub args: TransfersArgs,
+    /// Bearer tokens, or `--insecure-no-auth` (the service refuses to start with neither).
+    pub auth: web::AuthArgs,
     pub kafka: KafkaArgs,
     pub topics: TopicArgs,
     pub profile: Profile,
@@ -112,7 +118,12 @@ pub async fn start(
     shutdown: CancellationToken,
     tracker: &TaskTracker,
 ) -> Result<SocketAddr, Error> {
-    let Settings { args, kafka, topics: topic_args, profile } = settings;
+    let Settings { args, auth, kafka, topics: topic_args, profile } = settings;
+    // before anything else: a service that would serve money without auth does not start
+    let tokens = auth.resolve("transferencias")?;
+    if !args.idempotency_key_required {
+        tracing::warn!("TRANSFERENCIAS_IDEMPOTENCY_KEY_REQUIRED=false: a client that retries without an Idempotency-Key after a lost answer may create a transfer twice");
+    }
     let options: sqlx::postgres::PgConnectOptions = args
         .database_url
         .parse()
@@ -141,13 +152,18 @@ pub async fn start(
         max_pending: args.outbox_max_pending,
         requested_topic: Arc::from(kafka.topic(topics::REQUESTED)),
         idempotency_ttl: Duration::from_secs(args.idempotency_key_ttl_seconds),
-        tokens: web::Tokens { api: args.api_token.clone(), admin: args.admin_token.clone() },
+        idempotency_key_required: args.idempotency_key_required,
+        tokens: tokens.clone(),
     };
     let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> = vec![
         Arc::new(outbox::health::DatabaseReady::new(pool.clone())),
         Arc::new(kafka::health::KafkaReady::new(producer.clone(), kafka.topic(topics::REQUESTED))),
     ];
-    let app = api::router(state).merge(telemetry::health::router(checks, telemetry::metrics::install()));
+    let app = api::router(state).merge(telemetry::health::router_with_warnings(
+        checks,
+        telemetry::metrics::install(),
+        tokens.warnings(),
+    ));
     let (bound, serve) =
         telemetry::server::bind("transferencias API", args.listen, app, shutdown.clone().cancelled_owned())
             .await

@@ -78,7 +78,8 @@ pub async fn create(pool: &PgPool, new: &NewTransfer) -> Result<Created, StoreEr
 /// [`create`] for every transfer of `batch` in one transaction (a group commit): each gets its
 /// own answer (created, replayed, or refused for its key), all committed together. `Err`: the
 /// transaction failed, nothing was written, and it has been rolled back (its keys are free
-/// again) unless the connection broke.
+/// again) unless the connection broke; [`StoreError::OutcomeUnknown`]: the connection broke
+/// during `COMMIT`, so the batch may be written or not.
 ///
 /// A key is claimed under a transaction-scoped advisory lock on (scope, key), taken without
 /// waiting: a request that finds it held answers `409` at once (the other request is in
@@ -106,8 +107,19 @@ pub async fn create_batch(
             }
         }
     }
-    tx.commit().await?;
+    tx.commit().await.map_err(commit_failed)?;
     Ok(answers)
+}
+
+/// What a failed `COMMIT` means: an error the server answered (a deferred constraint, a
+/// serialization failure, the server shutting down) ended the transaction without writing it;
+/// any other failure (the connection broke, timed out, answered garbage) leaves the outcome
+/// unknown: the server may have committed before the answer was lost.
+fn commit_failed(error: sqlx::Error) -> StoreError {
+    match error {
+        sqlx::Error::Database(_) => StoreError::Database(error),
+        other => StoreError::OutcomeUnknown(Arc::new(other)),
+    }
 }
 
 /// One transfer in `tx`. The outer `Err` fails the transaction; the inner one refuses this

@@ -91,10 +91,18 @@ async fn work(pool: PgPool, jobs: Arc<Mutex<mpsc::Receiver<Job>>>) {
 /// Writes `transfers` in one transaction ([`store::create_batch`]), one answer each, in order.
 /// If that transaction fails while the database is up, each transfer is written again in a
 /// transaction of its own: a request that breaks a transaction fails alone. If the database is
-/// away, every request is answered with that (the first with the error itself).
+/// away, every request is answered with that (the first with the error itself). If the
+/// connection broke during `COMMIT`, every request is told its outcome is unknown, and none is
+/// written again: the batch may be committed.
 pub async fn write_batch(pool: &PgPool, transfers: &[&NewTransfer]) -> Vec<Result<Created, StoreError>> {
     match store::create_batch(pool, transfers).await {
         Ok(answers) => answers,
+        Err(StoreError::OutcomeUnknown(cause)) => {
+            tracing::error!(size = transfers.len(), error = %telemetry::error_chain(cause.as_ref()), "the connection broke during COMMIT: the outcome of a batch of transfers is unknown");
+            metrics::counter!("transferencias_resultado_desconhecido_total")
+                .increment(transfers.len() as u64);
+            transfers.iter().map(|_| Err(StoreError::OutcomeUnknown(cause.clone()))).collect()
+        }
         Err(error) if error.is_unavailable() || transfers.len() == 1 => {
             let cause = telemetry::error_chain(&error);
             let mut answers = vec![Err(error)];

@@ -7,7 +7,9 @@ use std::time::Duration;
 use kafka::rdkafka::message::Message;
 use serde_json::{json, Value};
 
-use common::{header, nothing_more, payload, receive, spawn_app, spawn_app_with, transfer};
+use common::{
+    header, nothing_more, payload, receive, spawn_app, spawn_app_with, spawn_app_with_auth, transfer,
+};
 use contracts::topics;
 
 #[tokio::test]
@@ -266,49 +268,96 @@ async fn listing_filters_by_either_side_and_status_newest_first() {
 }
 
 #[tokio::test]
-async fn with_a_token_every_api_route_requires_it() {
-    let app = spawn_app_with(|args| {
-        args.api_token = Some("api-secret".into());
-        args.admin_token = Some("admin-secret".into());
-    })
-    .await;
+async fn with_tokens_every_api_route_requires_one() {
+    let app = spawn_app_with_auth(web::AuthArgs::tokens("api-secret", "admin-secret"), |_| {}).await;
     let body = transfer("A", "B", 1);
-    let anonymous = app.post_transfer(&body, None).await;
+    let post = |token: Option<&'static str>, key: &'static str| {
+        let mut request =
+            app.http.post(app.url("/transferencias")).header("Idempotency-Key", key).json(&body);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        request.send()
+    };
+    let anonymous = post(None, "k0").await.expect("send");
     assert_eq!(anonymous.status(), 401);
     assert_eq!(anonymous.headers()["www-authenticate"], "Bearer");
-    let wrong =
-        app.http.post(app.url("/transferencias")).bearer_auth("nope").json(&body).send().await.expect("send");
-    assert_eq!(wrong.status(), 401);
+    assert_eq!(post(Some("nope"), "k0").await.expect("send").status(), 401);
     for token in ["api-secret", "admin-secret"] {
-        let ok = app
-            .http
-            .post(app.url("/transferencias"))
-            .bearer_auth(token)
-            .json(&body)
-            .send()
-            .await
-            .expect("send");
-        assert_eq!(ok.status(), 202, "{token}");
+        assert_eq!(post(Some(token), "k1").await.expect("send").status(), 202, "{token}");
     }
     let list = app.http.get(app.url("/transferencias")).send().await.expect("send");
     assert_eq!(list.status(), 401);
     // keys are scoped by caller: the same key from two callers is two transfers
-    let with_key = |token: &'static str| {
-        app.http
-            .post(app.url("/transferencias"))
-            .bearer_auth(token)
-            .header("Idempotency-Key", "k")
-            .json(&body)
-            .send()
-    };
-    let a: Value = with_key("api-secret").await.expect("send").json().await.expect("body");
-    let b: Value = with_key("admin-secret").await.expect("send").json().await.expect("body");
+    let a: Value = post(Some("api-secret"), "k").await.expect("send").json().await.expect("body");
+    let b: Value = post(Some("admin-secret"), "k").await.expect("send").json().await.expect("body");
     assert_ne!(a["id"], b["id"]);
-    // health, metrics and the API document stay open
+    // health, metrics and the API document stay open; /readyz has nothing to warn about
     for path in ["/healthz", "/readyz", "/metrics", "/openapi.json"] {
         assert_eq!(app.http.get(app.url(path)).send().await.expect("send").status(), 200, "{path}");
     }
+    let ready = app.http.get(app.url("/readyz")).send().await.expect("send").text().await.expect("text");
+    assert_eq!(ready, "ready\n");
     app.stop().await;
+}
+
+#[tokio::test]
+async fn without_tokens_the_service_refuses_to_start_unless_told_to_run_open() {
+    let database = testkit::TestDatabase::create(&transfers::MIGRATOR).await;
+    let topics = testkit::TestTopics::plan(1).await;
+    let settings = |auth: web::AuthArgs| transfers::Settings {
+        args: transfers::TransfersArgs {
+            listen: "127.0.0.1:0".parse().expect("address"),
+            database_url: database.url.clone(),
+            database_connections: 2,
+            idempotency_key_ttl_seconds: 60,
+            outbox_retention_seconds: 60,
+            outbox_max_pending: 10,
+            idempotency_key_required: true,
+        },
+        auth,
+        kafka: topics.args.clone(),
+        topics: kafka::TopicArgs { partitions: 1, replicas: 1 },
+        profile: kafka::Profile::Fast,
+    };
+    for auth in [
+        web::AuthArgs::default(),
+        web::AuthArgs { api_token: Some("only-api".into()), ..web::AuthArgs::default() },
+        web::AuthArgs::tokens("same", "same"),
+    ] {
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let tracker = tokio_util::task::TaskTracker::new();
+        let refused = transfers::start(settings(auth.clone()), shutdown.clone(), &tracker).await;
+        assert!(matches!(refused, Err(transfers::Error::Auth(_))), "{auth:?}: {refused:?}");
+        assert!(tracker.is_empty(), "{auth:?}: nothing was started");
+    }
+    // the open mode is explicit, and /readyz says so
+    let app = spawn_app_with_auth(web::AuthArgs::insecure(), |_| {}).await;
+    let ready = app.http.get(app.url("/readyz")).send().await.expect("send");
+    assert_eq!(ready.status(), 200);
+    assert_eq!(
+        ready.text().await.expect("text"),
+        "ready\nwarning: authentication disabled (--insecure-no-auth): every caller is an admin\n"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_idempotency_key_is_required_unless_configured_optional() {
+    let app = spawn_app().await;
+    let missing = app.post_transfer_with(&transfer("A", "B", 1), None).await;
+    assert_eq!(missing.status(), 400);
+    let problem: Value = missing.json().await.expect("problem");
+    assert_eq!(problem["type"], "/problems/validation");
+    assert_eq!(problem["errors"][0]["field"], "Idempotency-Key", "{problem}");
+    assert_eq!(app.outbox_rows().await, 0, "nothing was written");
+    app.stop().await;
+
+    // the article's API: the key is optional
+    let open = spawn_app_with(|args| args.idempotency_key_required = false).await;
+    let response = open.post_transfer_with(&transfer("A", "B", 1), None).await;
+    assert_eq!(response.status(), 202);
+    open.stop().await;
 }
 
 #[tokio::test]
@@ -346,16 +395,7 @@ async fn the_openapi_document_describes_every_route() {
     let required = &document["components"]["schemas"]["Transfer"]["required"];
     assert_eq!(required.as_array().map(Vec::len), Some(9));
     // a transfer as answered has exactly the documented properties
-    let created: Value = app
-        .http
-        .post(app.url("/transferencias"))
-        .json(&transfer("A", "B", 1))
-        .send()
-        .await
-        .expect("send")
-        .json()
-        .await
-        .expect("json");
+    let created: Value = app.post_transfer(&transfer("A", "B", 1), None).await.json().await.expect("json");
     let mut answered: Vec<&String> = created.as_object().expect("object").keys().collect();
     let properties =
         document["components"]["schemas"]["Transfer"]["properties"].as_object().expect("properties");
@@ -363,7 +403,7 @@ async fn the_openapi_document_describes_every_route() {
     answered.sort();
     documented.sort();
     assert_eq!(answered, documented);
-    assert_eq!(document["security"], serde_json::json!([{}, {"bearer": []}]));
+    assert_eq!(document["security"], serde_json::json!([{"bearer": []}]));
     app.stop().await;
 }
 

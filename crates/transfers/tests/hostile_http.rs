@@ -21,7 +21,8 @@ fn app() -> axum::Router {
         pool,
         requested_topic: "t.transferencias.solicitada".into(),
         idempotency_ttl: Duration::from_secs(60),
-        tokens: web::Tokens::default(),
+        idempotency_key_required: true,
+        tokens: web::Tokens::Disabled,
         backlog: outbox::metrics::Backlog::default(),
         max_pending: 100_000,
     })

@@ -1,9 +1,11 @@
-//! Bearer tokens (`CONTRACT.md` §1): when `PAGAMENTOS_API_TOKEN` or `PAGAMENTOS_ADMIN_TOKEN`
-//! is set, every route but health, metrics and the OpenAPI document requires
-//! `Authorization: Bearer <token>` (`401` otherwise); the admin token is accepted wherever the
-//! API token is, and the admin routes (accounts, deposits) need it (`403` with the API token).
-//! Tokens are compared in constant time and never logged; the caller's identity for
-//! Idempotency-Key scoping is a hash of its token.
+//! Bearer tokens (`CONTRACT.md` §1). Auth fails closed: a service that serves an API needs both
+//! `PAGAMENTOS_API_TOKEN` and `PAGAMENTOS_ADMIN_TOKEN` (and they must differ), or refuses to
+//! start, unless it was started with `--insecure-no-auth`, which it logs as a warning and
+//! reports on `/readyz`. With tokens, every route but health, metrics and the OpenAPI document
+//! requires `Authorization: Bearer <token>` (`401` otherwise); the admin token is accepted
+//! wherever the API token is, and only it may use the admin routes (accounts, deposits: `403`
+//! with the API token). Tokens are compared in constant time and never logged; the caller's
+//! identity for Idempotency-Key scoping is a hash of its token.
 
 use axum::extract::{Request, State};
 use axum::http::header;
@@ -34,44 +36,142 @@ impl Caller {
     }
 }
 
-/// The tokens a service accepts (none: the API is open).
-#[derive(Clone, Default)]
-pub struct Tokens {
-    pub api: Option<String>,
-    pub admin: Option<String>,
+/// The authentication options of a service with an API (`CONTRACT.md` §1), flattened once into
+/// each command that serves one.
+#[derive(Clone, Default, clap::Args)]
+pub struct AuthArgs {
+    /// Bearer token of the API's clients (required unless `--insecure-no-auth`).
+    #[arg(long, env = "PAGAMENTOS_API_TOKEN", hide_env_values = true)]
+    pub api_token: Option<String>,
+
+    /// Bearer token of the admin routes (opening accounts, deposits), also accepted wherever the
+    /// API token is; must differ from it (required unless `--insecure-no-auth`).
+    #[arg(long, env = "PAGAMENTOS_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+
+    /// Serve the APIs without authentication: every caller is an admin. For local
+    /// experiments only; logged as a warning at start and reported on `/readyz`.
+    #[arg(
+        long,
+        env = "PAGAMENTOS_INSECURE_NO_AUTH",
+        default_value_t = false,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_name = "BOOL"
+    )]
+    pub insecure_no_auth: bool,
 }
 
-impl std::fmt::Debug for Tokens {
+impl std::fmt::Debug for AuthArgs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tokens")
-            .field("api", &self.api.as_ref().map(|_| "***"))
-            .field("admin", &self.admin.as_ref().map(|_| "***"))
+        f.debug_struct("AuthArgs")
+            .field("api_token", &self.api_token.as_ref().map(|_| "***"))
+            .field("admin_token", &self.admin_token.as_ref().map(|_| "***"))
+            .field("insecure_no_auth", &self.insecure_no_auth)
             .finish()
     }
 }
 
-fn matches(given: &str, expected: &Option<String>) -> bool {
-    expected.as_ref().is_some_and(|expected| bool::from(given.as_bytes().ct_eq(expected.as_bytes())))
+/// Why a service refuses to start with the authentication it was given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthConfigError {
+    #[error(
+        "authentication is required: set PAGAMENTOS_API_TOKEN and PAGAMENTOS_ADMIN_TOKEN \
+         (or start with --insecure-no-auth to serve without it); missing: {0}"
+    )]
+    Missing(&'static str),
+    #[error("PAGAMENTOS_API_TOKEN and PAGAMENTOS_ADMIN_TOKEN must differ")]
+    SameToken,
+    #[error("--insecure-no-auth was given together with tokens; choose one")]
+    InsecureWithTokens,
 }
 
-/// Anonymous callers share one scope when no token is configured.
+/// What `/readyz` says of a service started with `--insecure-no-auth`.
+pub const INSECURE_WARNING: &str = "authentication disabled (--insecure-no-auth): every caller is an admin";
+
+impl AuthArgs {
+    /// No authentication, said explicitly (tests, local experiments).
+    pub fn insecure() -> Self {
+        Self { insecure_no_auth: true, ..Self::default() }
+    }
+
+    /// Both tokens.
+    pub fn tokens(api: impl Into<String>, admin: impl Into<String>) -> Self {
+        Self { api_token: Some(api.into()), admin_token: Some(admin.into()), insecure_no_auth: false }
+    }
+
+    /// The tokens a service accepts, or why it must not start. `--insecure-no-auth` is logged as
+    /// a warning here, naming `service`.
+    pub fn resolve(&self, service: &str) -> Result<Tokens, AuthConfigError> {
+        let api = self.api_token.clone().filter(|token| !token.is_empty());
+        let admin = self.admin_token.clone().filter(|token| !token.is_empty());
+        if self.insecure_no_auth {
+            if api.is_some() || admin.is_some() {
+                return Err(AuthConfigError::InsecureWithTokens);
+            }
+            tracing::warn!(service, "{INSECURE_WARNING}");
+            return Ok(Tokens::Disabled);
+        }
+        match (api, admin) {
+            (None, None) => Err(AuthConfigError::Missing("PAGAMENTOS_API_TOKEN, PAGAMENTOS_ADMIN_TOKEN")),
+            (None, Some(_)) => Err(AuthConfigError::Missing("PAGAMENTOS_API_TOKEN")),
+            (Some(_), None) => Err(AuthConfigError::Missing("PAGAMENTOS_ADMIN_TOKEN")),
+            (Some(api), Some(admin)) if api == admin => Err(AuthConfigError::SameToken),
+            (Some(api), Some(admin)) => Ok(Tokens::Required { api, admin }),
+        }
+    }
+}
+
+/// The tokens a service accepts.
+#[derive(Clone)]
+pub enum Tokens {
+    /// Both tokens: the only way [`AuthArgs::resolve`] serves an API by default.
+    Required { api: String, admin: String },
+    /// `--insecure-no-auth`: every caller is an anonymous admin.
+    Disabled,
+}
+
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Required { .. } => f.write_str("Tokens::Required { api: ***, admin: *** }"),
+            Self::Disabled => f.write_str("Tokens::Disabled"),
+        }
+    }
+}
+
+fn matches(given: &str, expected: &str) -> bool {
+    bool::from(given.as_bytes().ct_eq(expected.as_bytes()))
+}
+
+/// Anonymous callers share one scope when authentication is disabled.
 const ANONYMOUS: &str = "anonimo";
 
 impl Tokens {
+    /// What `/readyz` should report about authentication, if anything.
+    pub fn warnings(&self) -> Vec<String> {
+        match self {
+            Self::Required { .. } => Vec::new(),
+            Self::Disabled => vec![INSECURE_WARNING.to_owned()],
+        }
+    }
+
     /// The caller that `authorization` (the header's value, if any) identifies.
     pub fn caller(&self, authorization: Option<&str>) -> Result<Caller, ApiError> {
-        if self.api.is_none() && self.admin.is_none() {
-            return Ok(Caller { scope: ANONYMOUS.into(), admin: true });
-        }
+        let (api, admin) = match self {
+            Self::Disabled => return Ok(Caller { scope: ANONYMOUS.into(), admin: true }),
+            Self::Required { api, admin } => (api, admin),
+        };
         let given =
             authorization.and_then(|value| value.strip_prefix("Bearer ")).ok_or(ApiError::Unauthorized)?;
-        let admin = matches(given, &self.admin);
-        if !(admin || matches(given, &self.api)) {
+        // both compared, so the time taken does not tell which token came close
+        let is_admin = matches(given, admin);
+        let is_api = matches(given, api);
+        if !(is_admin || is_api) {
             return Err(ApiError::Unauthorized);
         }
-        // with only an API token configured, nobody holds a separate admin right
-        let admin = admin || self.admin.is_none();
-        Ok(Caller { scope: hex::encode(Sha256::digest(given.as_bytes())), admin })
+        Ok(Caller { scope: hex::encode(Sha256::digest(given.as_bytes())), admin: is_admin })
     }
 }
 
@@ -92,21 +192,53 @@ pub async fn authenticate(
 mod tests {
     use super::*;
 
-    fn tokens(api: Option<&str>, admin: Option<&str>) -> Tokens {
-        Tokens { api: api.map(str::to_owned), admin: admin.map(str::to_owned) }
+    fn args(api: Option<&str>, admin: Option<&str>, insecure: bool) -> AuthArgs {
+        AuthArgs {
+            api_token: api.map(str::to_owned),
+            admin_token: admin.map(str::to_owned),
+            insecure_no_auth: insecure,
+        }
     }
 
     #[test]
-    fn open_when_no_token_is_configured() {
-        let caller = tokens(None, None).caller(None).expect("open");
+    fn without_both_tokens_a_service_refuses_to_start() {
+        for (api, admin, missing) in [
+            (None, None, "PAGAMENTOS_API_TOKEN, PAGAMENTOS_ADMIN_TOKEN"),
+            (Some("api"), None, "PAGAMENTOS_ADMIN_TOKEN"),
+            (None, Some("adm"), "PAGAMENTOS_API_TOKEN"),
+            (Some(""), Some("adm"), "PAGAMENTOS_API_TOKEN"),
+        ] {
+            assert_eq!(
+                args(api, admin, false).resolve("test").err(),
+                Some(AuthConfigError::Missing(missing))
+            );
+        }
+        assert_eq!(
+            args(Some("same"), Some("same"), false).resolve("test").err(),
+            Some(AuthConfigError::SameToken)
+        );
+        assert_eq!(
+            args(Some("api"), None, true).resolve("test").err(),
+            Some(AuthConfigError::InsecureWithTokens)
+        );
+    }
+
+    #[test]
+    fn insecure_mode_is_explicit_and_reported() {
+        let tokens = args(None, None, true).resolve("test").expect("insecure");
+        let caller = tokens.caller(None).expect("open");
         assert!(caller.admin);
+        assert_eq!(tokens.warnings(), vec![INSECURE_WARNING.to_owned()]);
+        let secured = AuthArgs::tokens("api", "adm").resolve("test").expect("tokens");
+        assert!(secured.warnings().is_empty());
     }
 
     #[test]
     fn the_admin_token_works_everywhere_the_api_token_only_on_the_api() {
-        let both = tokens(Some("api"), Some("adm"));
+        let both = AuthArgs::tokens("api", "adm").resolve("test").expect("tokens");
         assert!(matches!(both.caller(None), Err(ApiError::Unauthorized)));
         assert!(matches!(both.caller(Some("Bearer nope")), Err(ApiError::Unauthorized)));
+        assert!(matches!(both.caller(Some("Bearer ")), Err(ApiError::Unauthorized)));
         assert!(matches!(both.caller(Some("api")), Err(ApiError::Unauthorized)));
         let api = both.caller(Some("Bearer api")).expect("api token");
         assert!(!api.admin && api.require_admin().is_err());
@@ -116,11 +248,11 @@ mod tests {
     }
 
     #[test]
-    fn only_an_api_token_guards_everything_alike() {
-        let api_only = tokens(Some("api"), None);
-        assert!(api_only.caller(Some("Bearer api")).expect("api").admin);
-        let admin_only = tokens(None, Some("adm"));
-        assert!(matches!(admin_only.caller(Some("Bearer api")), Err(ApiError::Unauthorized)));
-        assert!(admin_only.caller(Some("Bearer adm")).expect("admin").admin);
+    fn tokens_never_show_in_debug_output() {
+        let args = AuthArgs::tokens("api-secret-1", "admin-secret-2");
+        let tokens = args.resolve("test").expect("tokens");
+        for text in [format!("{args:?}"), format!("{tokens:?}")] {
+            assert!(!text.contains("secret"), "{text}");
+        }
     }
 }

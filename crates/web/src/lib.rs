@@ -25,7 +25,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use tracing::Instrument;
 
-pub use auth::{Caller, Tokens};
+pub use auth::{AuthArgs, AuthConfigError, Caller, Tokens};
 pub use body::JsonBody;
 pub use problem::{ApiError, FieldError, Problem};
 

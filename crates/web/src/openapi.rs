@@ -23,8 +23,9 @@ pub struct AccountId(pub String);
 /// Name of the bearer security scheme in the documents.
 pub const BEARER: &str = "bearer";
 
-/// Declares the optional bearer scheme: every operation is open when no token is configured
-/// and needs one when it is, so the document's top-level security is "none, or bearer".
+/// Declares the bearer scheme, required by every operation (auth fails closed; a service
+/// started with `--insecure-no-auth` accepts requests without it), except the operational
+/// routes (`/healthz`, `/readyz`, `/metrics`, `/openapi.json`), which declare no security.
 pub fn with_bearer(mut document: OpenApi, description: &str) -> OpenApi {
     let components = document.components.get_or_insert_with(Default::default);
     components.add_security_scheme(
@@ -33,8 +34,7 @@ pub fn with_bearer(mut document: OpenApi, description: &str) -> OpenApi {
             HttpBuilder::new().scheme(HttpAuthScheme::Bearer).description(Some(description)).build(),
         ),
     );
-    document.security =
-        Some(vec![SecurityRequirement::default(), SecurityRequirement::new(BEARER, Vec::<String>::new())]);
+    document.security = Some(vec![SecurityRequirement::new(BEARER, Vec::<String>::new())]);
     document
 }
 
@@ -61,6 +61,7 @@ pub fn route<S: Clone + Send + Sync + 'static>(document: OpenApi, bearer: &str) 
     get,
     path = "/openapi.json",
     tag = "operations",
+    security(()),
     responses((status = 200, description = "This document (OpenAPI 3.1)", content_type = "application/json"))
 )]
 async fn openapi_json(State(json): State<Arc<str>>) -> Response {
@@ -73,16 +74,16 @@ mod tests {
     use serde_json::Value;
 
     #[test]
-    fn the_bearer_scheme_is_optional_and_the_operational_routes_are_described() {
+    fn the_bearer_scheme_is_required_but_not_on_the_operational_routes() {
         let mut document = with_bearer(OpenApi::default(), "when a token is set");
         document.merge(telemetry::health::openapi());
         document.merge(DocumentRoute::openapi());
         let value: Value = serde_json::to_value(&document).expect("json");
         assert_eq!(value["openapi"], "3.1.0");
         assert_eq!(value["components"]["securitySchemes"][BEARER]["scheme"], "bearer");
-        assert_eq!(value["security"], serde_json::json!([{}, {"bearer": []}]));
+        assert_eq!(value["security"], serde_json::json!([{"bearer": []}]));
         for path in ["/openapi.json", "/healthz", "/readyz", "/metrics"] {
-            assert!(value["paths"][path]["get"].is_object(), "{path}");
+            assert_eq!(value["paths"][path]["get"]["security"], serde_json::json!([{}]), "{path}");
         }
     }
 }

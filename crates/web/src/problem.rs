@@ -61,6 +61,11 @@ pub enum ApiError {
     /// 503: shedding load (a queue past its bound); retry after `retry_after_s` seconds.
     #[error("{detail}")]
     Overloaded { detail: String, retry_after_s: u32 },
+    /// 500 with a problem type of its own: the operation may or may not have happened (the
+    /// connection broke during its commit); the client retries with the same idempotency key or
+    /// looks the result up. Deliberately not a 503, which clients retry blindly.
+    #[error("{detail}")]
+    OutcomeUnknown { kind: Kind, detail: String },
     /// 500: our fault; the cause is logged, never shown.
     #[error("internal error")]
     Internal(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -112,6 +117,7 @@ impl ApiError {
             Self::Overloaded { .. } => {
                 (StatusCode::SERVICE_UNAVAILABLE, "/problems/overloaded", "Overloaded")
             }
+            Self::OutcomeUnknown { kind, .. } => (StatusCode::INTERNAL_SERVER_ERROR, kind.uri, kind.title),
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "/problems/internal", "Internal error"),
         }
     }

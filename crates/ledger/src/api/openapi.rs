@@ -13,7 +13,7 @@ use web::openapi::AccountId;
 
 /// Description of the bearer scheme in this document.
 pub const BEARER: &str =
-    "Required when PAGAMENTOS_API_TOKEN or PAGAMENTOS_ADMIN_TOKEN is set; creating accounts and deposits needs the admin token";
+    "PAGAMENTOS_API_TOKEN or PAGAMENTOS_ADMIN_TOKEN (required unless the service runs with --insecure-no-auth); creating accounts and deposits needs the admin token";
 
 #[derive(Debug, utoipa::OpenApi)]
 #[openapi(

@@ -54,6 +54,7 @@ pub struct TestLedger {
     pub instances: Vec<Instance>,
     producer: Producer,
     args: ledger::LedgerArgs,
+    auth: web::AuthArgs,
     partitions: i32,
 }
 
@@ -69,8 +70,6 @@ pub fn test_args(database: &TestDatabase) -> ledger::LedgerArgs {
         ledger_retry_max_ms: 100,
         ledger_retries: 3,
         outbox_retention_seconds: 86_400,
-        api_token: None,
-        admin_token: None,
     }
 }
 
@@ -81,6 +80,16 @@ pub async fn spawn_ledger() -> TestLedger {
 /// A ledger on `partitions`-partition topics, configured by `configure`.
 pub async fn spawn_ledger_with(
     partitions: i32,
+    configure: impl FnOnce(&mut ledger::LedgerArgs),
+) -> TestLedger {
+    // the API without tokens, said explicitly: the tests of authentication pass tokens
+    spawn_ledger_with_auth(partitions, web::AuthArgs::insecure(), configure).await
+}
+
+/// [`spawn_ledger_with`] with the given authentication.
+pub async fn spawn_ledger_with_auth(
+    partitions: i32,
+    auth: web::AuthArgs,
     configure: impl FnOnce(&mut ledger::LedgerArgs),
 ) -> TestLedger {
     testkit::init_logs();
@@ -96,6 +105,7 @@ pub async fn spawn_ledger_with(
         instances: Vec::new(),
         producer,
         args,
+        auth,
         partitions,
     };
     ledger.start_instance().await;
@@ -107,6 +117,7 @@ impl TestLedger {
     pub async fn start_instance(&mut self) -> &Instance {
         let settings = ledger::Settings {
             args: self.args.clone(),
+            auth: self.auth.clone(),
             kafka: self.topics.args.clone(),
             topics: kafka::TopicArgs { partitions: self.partitions, replicas: 1 },
             profile: kafka::Profile::Fast,

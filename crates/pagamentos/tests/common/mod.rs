@@ -8,9 +8,16 @@ use tokio::process::Command;
 
 use testkit::TestTopics;
 
-/// `pagamentos <subcommand>` on the test's topics (3 partitions) and group protocol, logging
-/// only warnings to nowhere, killed when dropped; the caller adds the service's own settings
-/// and spawns it.
+/// The bearer tokens every service the tests start is given (auth fails closed: a service with
+/// an API refuses to start without both).
+pub const API_TOKEN: &str = "test-api-token";
+pub const ADMIN_TOKEN: &str = "test-admin-token";
+/// The key notificacoes signs its webhooks with (it refuses to start without one).
+pub const WEBHOOK_SECRET: &str = "test-webhook-secret";
+
+/// `pagamentos <subcommand>` on the test's topics (3 partitions) and group protocol, with the
+/// test tokens and webhook secret, logging only warnings to nowhere, killed when dropped; the
+/// caller adds the service's own settings and spawns it.
 pub fn service(topics: &TestTopics, subcommand: &str) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_pagamentos"));
     command
@@ -19,6 +26,9 @@ pub fn service(topics: &TestTopics, subcommand: &str) -> Command {
         .env("KAFKA_GROUP_PROTOCOL", topics.args.group_protocol.to_string())
         .env("PAGAMENTOS_TOPIC_PREFIX", &topics.args.topic_prefix)
         .env("APP_KAFKA_PARTITIONS", "3")
+        .env("PAGAMENTOS_API_TOKEN", API_TOKEN)
+        .env("PAGAMENTOS_ADMIN_TOKEN", ADMIN_TOKEN)
+        .env("NOTIFICACOES_WEBHOOK_SECRET", WEBHOOK_SECRET)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -21,7 +21,20 @@ pub struct System {
     pub transfers_db: TestDatabase,
     pub ledger_db: TestDatabase,
     pub ports: [u16; 4],
+    /// Sends the admin token (accepted on every route) with every request.
     pub http: reqwest::Client,
+}
+
+/// A client that authenticates as the admin of the services `super::service` starts.
+pub fn admin_client(timeout: Option<Duration>) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    let bearer = format!("Bearer {}", super::ADMIN_TOKEN);
+    headers.insert(reqwest::header::AUTHORIZATION, bearer.parse().expect("header value"));
+    let mut builder = reqwest::Client::builder().default_headers(headers);
+    if let Some(timeout) = timeout {
+        builder = builder.timeout(timeout);
+    }
+    builder.build().expect("HTTP client")
 }
 
 impl System {
@@ -36,7 +49,7 @@ impl System {
         let transfers_db = TestDatabase::empty().await;
         let ledger_db = TestDatabase::empty().await;
         let ports = [free_port(), free_port(), free_port(), free_port()];
-        Self { topics, replicas, transfers_db, ledger_db, ports, http: reqwest::Client::new() }
+        Self { topics, replicas, transfers_db, ledger_db, ports, http: admin_client(None) }
     }
 
     pub fn env(&self, command: &mut Command) {
@@ -94,11 +107,12 @@ impl System {
         assert_eq!(response.status(), 201, "{}", response.text().await.unwrap_or_default());
     }
 
-    /// POSTs a transfer; its id when accepted.
+    /// POSTs a transfer with an Idempotency-Key of its own; its id when accepted.
     pub async fn transfer(&self, from: &str, to: &str, cents: i64) -> Option<String> {
         let response = self
             .http
             .post(self.api("/transferencias"))
+            .header("Idempotency-Key", testkit::unique("key"))
             .json(&json!({"contaOrigem": from, "contaDestino": to, "valorEmCentavos": cents, "moeda": "BRL"}))
             .send()
             .await

@@ -8,6 +8,8 @@ use crate::error::StoreError;
 /// 409: the same Idempotency-Key is being processed right now.
 pub const KEY_IN_FLIGHT: Kind =
     Kind { uri: "/problems/idempotency-key-in-flight", title: "Request in flight" };
+/// 500: the connection to the database broke during the commit; the transfer may exist.
+pub const OUTCOME_UNKNOWN: Kind = Kind { uri: "/problems/outcome-unknown", title: "Outcome unknown" };
 /// 422: the Idempotency-Key was used with another body.
 pub const KEY_REUSED: Kind =
     Kind { uri: "/problems/idempotency-key-reused", title: "Idempotency-Key reused" };
@@ -22,6 +24,13 @@ impl From<StoreError> for ApiError {
             StoreError::KeyInFlight => ApiError::Conflict {
                 kind: KEY_IN_FLIGHT,
                 detail: "a request with this Idempotency-Key is still being processed; retry later".into(),
+            },
+            StoreError::OutcomeUnknown(_) => ApiError::OutcomeUnknown {
+                kind: OUTCOME_UNKNOWN,
+                detail: "the connection to the database broke while this transfer was being committed: it may \
+                         or may not exist. Retry with the same Idempotency-Key (it answers with the transfer if \
+                         it exists, and creates it once if not), or look it up with GET /transferencias?conta=…"
+                    .into(),
             },
             ref unavailable if unavailable.is_unavailable() => {
                 tracing::warn!(error = %telemetry::error_chain(&error), "transfers database unreachable");
@@ -43,6 +52,9 @@ mod tests {
         let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
         let reset = ApiError::from(StoreError::Outbox(outbox::Error::Database(sqlx::Error::Io(io))));
         assert!(matches!(reset, ApiError::Unavailable(_)), "{reset:?}");
+        let lost = sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "eof"));
+        let unknown = ApiError::from(StoreError::OutcomeUnknown(std::sync::Arc::new(lost)));
+        assert!(matches!(unknown, ApiError::OutcomeUnknown { kind: OUTCOME_UNKNOWN, .. }), "{unknown:?}");
         let bug = ApiError::from(StoreError::KeyWithoutTransfer);
         assert!(matches!(bug, ApiError::Internal(_)), "{bug:?}");
     }

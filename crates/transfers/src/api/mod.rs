@@ -28,6 +28,8 @@ pub struct AppState {
     /// Topic of `TransferenciaSolicitada` (with the configured prefix).
     pub requested_topic: Arc<str>,
     pub idempotency_ttl: Duration,
+    /// `POST /transferencias` needs an `Idempotency-Key` (`400` without one).
+    pub idempotency_key_required: bool,
     pub tokens: web::Tokens,
     /// The outbox backlog as last measured, and the bound past which new transfers get `503`.
     pub backlog: outbox::metrics::Backlog,

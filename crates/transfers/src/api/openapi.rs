@@ -10,7 +10,8 @@ use utoipa::ToSchema;
 use web::openapi::AccountId;
 
 /// Description of the bearer scheme in this document.
-pub const BEARER: &str = "Required when PAGAMENTOS_API_TOKEN is set";
+pub const BEARER: &str =
+    "PAGAMENTOS_API_TOKEN or PAGAMENTOS_ADMIN_TOKEN (required unless the service runs with --insecure-no-auth)";
 
 #[derive(utoipa::OpenApi)]
 #[openapi(

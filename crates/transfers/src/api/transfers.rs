@@ -65,8 +65,20 @@ impl From<Transfer> for TransferView {
     }
 }
 
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let Some(value) = headers.get(IDEMPOTENCY_KEY) else { return Ok(None) };
+/// The request's `Idempotency-Key`: `400` when it is malformed, or missing while `required`.
+fn idempotency_key(headers: &HeaderMap, required: bool) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get(IDEMPOTENCY_KEY) else {
+        if required {
+            return Err(ApiError::Validation(vec![web::FieldError::new(
+                "Idempotency-Key",
+                format!(
+                    "this header is required: 1 to {IDEMPOTENCY_KEY_LENGTH_MAX} visible ASCII characters, \
+                     the same on every retry of this request"
+                ),
+            )]));
+        }
+        return Ok(None);
+    };
     let bytes = value.as_bytes();
     if bytes.is_empty()
         || bytes.len() > IDEMPOTENCY_KEY_LENGTH_MAX
@@ -109,8 +121,8 @@ fn shed_load(state: &AppState) -> Result<(), ApiError> {
     path = "/transferencias",
     tag = "transferencias",
     params((
-        "Idempotency-Key" = Option<String>, Header,
-        description = "1–255 visible ASCII characters. The same key with the same request answers 202 again with `Idempotent-Replayed: true`; with another request 422; while the first is in flight 409."
+        "Idempotency-Key" = String, Header,
+        description = "1–255 visible ASCII characters, required (`400` without it, unless the service runs with `TRANSFERENCIAS_IDEMPOTENCY_KEY_REQUIRED=false`). The same key with the same request answers 202 again with `Idempotent-Replayed: true`; with another request 422; while the first is in flight 409. Send it again unchanged on every retry, above all after a `500` `/problems/outcome-unknown`."
     )),
     request_body(content = TransferRequestBody, content_type = "application/json"),
     responses(
@@ -119,12 +131,13 @@ fn shed_load(state: &AppState) -> Result<(), ApiError> {
                 ("Location" = String, description = "`/transferencias/{id}`"),
                 ("Idempotent-Replayed" = String, description = "`true` when this answers an earlier request with the same key")
             )),
-        (status = 400, description = "Invalid request; `errors` lists each broken rule", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Invalid request (a missing Idempotency-Key included); `errors` lists each broken rule", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "A bearer token is required", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "A request with this Idempotency-Key is in flight", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 16 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Body is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Idempotency-Key already used with another request", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "`/problems/outcome-unknown`: the connection to the database broke while the transfer was being committed, so it may or may not exist; retry with the same Idempotency-Key (answered with the transfer if it exists) or look it up. Any other 500 is `/problems/internal`", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The database is unreachable (`/problems/unavailable`), or more transfers than the configured bound wait in the outbox for Kafka (`/problems/overloaded`); retry after `Retry-After` seconds", body = Problem, content_type = "application/problem+json")
     )
 )]
@@ -135,7 +148,7 @@ pub async fn create(
     headers: HeaderMap,
     JsonBody(body): JsonBody,
 ) -> Result<Response, ApiError> {
-    let key = idempotency_key(&headers)?;
+    let key = idempotency_key(&headers, state.idempotency_key_required)?;
     let request = TransferRequest::parse(&body).map_err(ApiError::Validation)?;
     shed_load(&state)?;
     let key = key.map(|key| IdempotencyKey {

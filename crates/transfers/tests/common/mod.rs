@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+#[allow(unused_imports)] // not every test binary reads records
 pub use testkit::receive;
 use testkit::{unique, TestDatabase, TestTopics};
 
@@ -36,6 +37,15 @@ pub async fn spawn_app() -> TestApp {
 }
 
 pub async fn spawn_app_with(configure: impl FnOnce(&mut transfers::TransfersArgs)) -> TestApp {
+    // the API without tokens, said explicitly: the tests of authentication use
+    // `spawn_app_with_auth`
+    spawn_app_with_auth(web::AuthArgs::insecure(), configure).await
+}
+
+pub async fn spawn_app_with_auth(
+    auth: web::AuthArgs,
+    configure: impl FnOnce(&mut transfers::TransfersArgs),
+) -> TestApp {
     testkit::init_logs();
     let database = TestDatabase::create(&transfers::MIGRATOR).await;
     let topics = TestTopics::plan(1).await;
@@ -46,12 +56,12 @@ pub async fn spawn_app_with(configure: impl FnOnce(&mut transfers::TransfersArgs
         idempotency_key_ttl_seconds: 86_400,
         outbox_retention_seconds: 86_400,
         outbox_max_pending: 100_000,
-        api_token: None,
-        admin_token: None,
+        idempotency_key_required: true,
     };
     configure(&mut args);
     let settings = transfers::Settings {
         args,
+        auth,
         kafka: topics.args.clone(),
         topics: kafka::TopicArgs { partitions: 1, replicas: 1 },
         profile: kafka::Profile::Fast,
@@ -67,7 +77,15 @@ impl TestApp {
         format!("http://{}{path}", self.address)
     }
 
+    /// POSTs `body` with `Idempotency-Key: key`, or a key of its own when `None` (the key is
+    /// required by default).
     pub async fn post_transfer(&self, body: &Value, key: Option<&str>) -> reqwest::Response {
+        let key = key.map_or_else(|| unique("key"), str::to_owned);
+        self.post_transfer_with(body, Some(&key)).await
+    }
+
+    /// POSTs `body` with exactly the `Idempotency-Key` given: none when `None`.
+    pub async fn post_transfer_with(&self, body: &Value, key: Option<&str>) -> reqwest::Response {
         let mut request = self.http.post(self.url("/transferencias")).json(body);
         if let Some(key) = key {
             request = request.header("Idempotency-Key", key);

@@ -47,6 +47,7 @@ async fn run(events: usize, failing_every: Option<usize>) {
             listen: "127.0.0.1:0".parse().expect("address"),
             webhook_url: Some(url.parse().expect("url")),
             webhook_secret: Some("bench-secret".into()),
+            webhook_unsigned: false,
             webhook_timeout_ms: 5_000,
             concurrency: 64,
         },

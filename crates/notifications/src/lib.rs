@@ -48,7 +48,9 @@ pub struct NotificationsArgs {
     #[arg(id = "notificacoes_webhook_url", value_name = "WEBHOOK_URL", long = "webhook-url", env = "NOTIFICACOES_WEBHOOK_URL", value_parser = parse_webhook_url)]
     pub webhook_url: Option<reqwest::Url>,
 
-    /// Key of the `X-Signature: sha256=<HMAC>` header; unset, requests are not signed.
+    /// Key of the webhook signatures (Standard Webhooks' `webhook-signature`, and
+    /// `X-Signature`); `whsec_<base64>` is accepted. Required when a webhook URL is set, unless
+    /// `--webhook-unsigned`.
     #[arg(
         id = "notificacoes_webhook_secret",
         value_name = "WEBHOOK_SECRET",
@@ -57,6 +59,20 @@ pub struct NotificationsArgs {
         hide_env_values = true
     )]
     pub webhook_secret: Option<String>,
+
+    /// Send webhooks without signatures (receivers cannot tell ours from a forgery). Logged as
+    /// a warning at start and reported on `/readyz`.
+    #[arg(
+        id = "notificacoes_webhook_unsigned",
+        long = "webhook-unsigned",
+        env = "NOTIFICACOES_WEBHOOK_UNSIGNED",
+        default_value_t = false,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_name = "BOOL"
+    )]
+    pub webhook_unsigned: bool,
 
     /// A webhook call (connection included) that takes longer fails and is retried, in ms.
     #[arg(id = "notificacoes_webhook_timeout_ms", value_name = "WEBHOOK_TIMEOUT_MS", long = "webhook-timeout-ms", env = "NOTIFICACOES_WEBHOOK_TIMEOUT_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..=120_000))]
@@ -99,19 +115,28 @@ pub async fn start(
     tracker: &TaskTracker,
 ) -> Result<SocketAddr, Error> {
     let Settings { args, kafka, topics: topic_args, profile } = settings;
-    kafka::topics::ensure_at_start(&kafka, &topic_args).await?;
+    // before anything else: a webhook nobody can authenticate is sent only when asked for
+    let mut warnings = Vec::new();
     let webhook = match &args.webhook_url {
-        Some(url) => Some(webhook::Webhook::new(webhook::WebhookSettings {
-            url: url.clone(),
-            secret: args.webhook_secret.clone().filter(|secret| !secret.is_empty()),
-            timeout: Duration::from_millis(args.webhook_timeout_ms),
-            pool_idle_per_host: args.concurrency as usize,
-        })?),
+        Some(url) => {
+            let secret = signing(&args)?;
+            if secret.is_none() {
+                tracing::warn!(webhook = %redacted(url), "{UNSIGNED_WARNING}");
+                warnings.push(UNSIGNED_WARNING.to_owned());
+            }
+            Some(webhook::Webhook::new(webhook::WebhookSettings {
+                url: url.clone(),
+                secret,
+                timeout: Duration::from_millis(args.webhook_timeout_ms),
+                pool_idle_per_host: args.concurrency as usize,
+            })?)
+        }
         None => {
             tracing::warn!("NOTIFICACOES_WEBHOOK_URL not set: notifications are logged, not sent");
             None
         }
     };
+    kafka::topics::ensure_at_start(&kafka, &topic_args).await?;
     let bases: Vec<String> = topics::RETRIED_TOPICS.iter().map(|topic| kafka.topic(topic)).collect();
     let notifier = Arc::new(notifier::Notifier::new(webhook, kafka.topic(topics::SETTLED)));
     let producer = Producer::new(&producer_config(&kafka, "notificacoes", profile.linger()))?;
@@ -121,7 +146,7 @@ pub async fn start(
 
     let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> =
         vec![Arc::new(kafka::health::KafkaReady::new(producer.clone(), bases[0].clone()))];
-    let app = telemetry::health::router(checks, telemetry::metrics::install());
+    let app = telemetry::health::router_with_warnings(checks, telemetry::metrics::install(), warnings);
     let (bound, serve) =
         telemetry::server::bind("notificacoes health", args.listen, app, shutdown.clone().cancelled_owned())
             .await
@@ -157,8 +182,47 @@ pub async fn start(
         kafka::lag::REFRESH_INTERVAL,
         shutdown.clone(),
     ));
-    tracing::info!(webhook = ?args.webhook_url.as_ref().map(|url| url.as_str()), "notificacoes started");
+    tracing::info!(webhook = ?args.webhook_url.as_ref().map(redacted), "notificacoes started");
     Ok(bound)
+}
+
+/// What `/readyz` and the start-up log say of `--webhook-unsigned`.
+pub const UNSIGNED_WARNING: &str =
+    "webhooks are sent unsigned (NOTIFICACOES_WEBHOOK_UNSIGNED): receivers cannot tell them from forgeries";
+
+/// The secret webhooks are signed with: `None` only when the operator asked for unsigned ones.
+fn signing(args: &NotificationsArgs) -> Result<Option<webhook::WebhookSecret>, Error> {
+    let secret = args.webhook_secret.as_deref().filter(|secret| !secret.is_empty());
+    match (secret, args.webhook_unsigned) {
+        (Some(_), true) => Err(Error::Signing(
+            "NOTIFICACOES_WEBHOOK_SECRET and NOTIFICACOES_WEBHOOK_UNSIGNED=true were both given; choose one"
+                .into(),
+        )),
+        (Some(secret), false) => webhook::WebhookSecret::parse(secret)
+            .map(Some)
+            .map_err(|error| Error::Signing(format!("NOTIFICACOES_WEBHOOK_SECRET: {error}"))),
+        (None, true) => Ok(None),
+        (None, false) => Err(Error::Signing(
+            "a webhook URL is set but no NOTIFICACOES_WEBHOOK_SECRET to sign with (set one, or \
+             NOTIFICACOES_WEBHOOK_UNSIGNED=true to send unsigned webhooks)"
+                .into(),
+        )),
+    }
+}
+
+/// `url` without what may be a secret (user info, query, fragment): safe to log.
+pub fn redacted(url: &reqwest::Url) -> String {
+    let mut shown = url.clone();
+    let _ = shown.set_username("");
+    let _ = shown.set_password(None);
+    let hidden = url.query().is_some() || !url.username().is_empty() || url.password().is_some();
+    shown.set_query(None);
+    shown.set_fragment(None);
+    if hidden {
+        format!("{shown} (credentials and query hidden)")
+    } else {
+        shown.to_string()
+    }
 }
 
 #[cfg(test)]
@@ -173,6 +237,42 @@ mod tests {
         assert!(parse_webhook_url("localhost:9000").is_err());
         assert!(parse_webhook_url("not a url").expect_err("garbage").contains("not a URL"));
     }
+
+    fn args(url: &str, secret: Option<&str>, unsigned: bool) -> NotificationsArgs {
+        NotificationsArgs {
+            listen: "127.0.0.1:0".parse().expect("address"),
+            webhook_url: Some(parse_webhook_url(url).expect("url")),
+            webhook_secret: secret.map(str::to_owned),
+            webhook_unsigned: unsigned,
+            webhook_timeout_ms: 1_000,
+            concurrency: 1,
+        }
+    }
+
+    #[test]
+    fn webhooks_are_signed_unless_the_operator_says_otherwise() {
+        let url = "http://localhost:9000/hooks";
+        assert!(matches!(signing(&args(url, Some("s3cret"), false)), Ok(Some(_))));
+        assert!(matches!(signing(&args(url, None, true)), Ok(None)));
+        for (secret, unsigned, says) in [
+            (None, false, "no NOTIFICACOES_WEBHOOK_SECRET"),
+            (Some(""), false, "no NOTIFICACOES_WEBHOOK_SECRET"),
+            (Some("s3cret"), true, "choose one"),
+            (Some("whsec_!!"), false, "base64"),
+        ] {
+            let error = signing(&args(url, secret, unsigned)).expect_err("refused").to_string();
+            assert!(error.contains(says), "{secret:?}/{unsigned}: {error}");
+        }
+    }
+
+    #[test]
+    fn logged_urls_hide_credentials_and_queries() {
+        let url =
+            parse_webhook_url("https://user:pa55@hooks.example.com:8443/in?token=t0k3n#x").expect("url");
+        let shown = redacted(&url);
+        assert_eq!(shown, "https://hooks.example.com:8443/in (credentials and query hidden)");
+        assert_eq!(redacted(&parse_webhook_url("http://h/p").expect("url")), "http://h/p");
+    }
 }
 
 /// What can stop the service from starting.
@@ -182,6 +282,8 @@ pub enum Error {
     Kafka(#[from] kafka::Error),
     #[error(transparent)]
     Webhook(#[from] webhook::ClientError),
+    #[error("cannot sign webhooks: {0}")]
+    Signing(String),
     #[error("cannot listen on {address}")]
     Bind {
         address: String,

@@ -3,26 +3,80 @@
 //!
 //! The request carries the event's JSON exactly as it travelled on Kafka, `Idempotency-Key:
 //! <eventoId>` (receivers dedupe by it: every delivery is at least once), `X-Evento-Tipo`, the
-//! W3C `traceparent` of the delivery, and `X-Signature: sha256=<hex HMAC-SHA256 of the body>`
-//! when a secret is configured.
+//! W3C `traceparent` of the delivery, and, signed with `NOTIFICACOES_WEBHOOK_SECRET`, the
+//! Standard Webhooks headers (`webhook-id: <eventoId>`, `webhook-timestamp: <unix seconds of
+//! this attempt>`, `webhook-signature: v1,<base64 HMAC-SHA256 of "<id>.<timestamp>.<body>">`)
+//! and, for receivers written before them, `X-Signature: sha256=<hex HMAC-SHA256 of the body>`.
+//! A secret in Standard Webhooks' `whsec_<base64>` form is keyed by its decoded bytes; any
+//! other secret by its own bytes (`X-Signature` is keyed by the secret exactly as configured).
+//! Unsigned requests are only sent when the operator said so (`NOTIFICACOES_WEBHOOK_UNSIGNED`).
 //!
 //! What the answer means: 2xx delivered; 5xx, 408, 429, a timeout or a connection failure may
 //! pass, so the record is retried through the retry topics; any other answer (other 4xx, and
 //! redirects, which are not followed) will not change by waiting, so it is dead-lettered.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use base64::Engine as _;
 use hmac::{Hmac, Mac};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use reqwest::StatusCode;
 use sha2::Sha256;
 
+/// The key notifications are signed with.
+#[derive(Clone)]
+pub struct WebhookSecret {
+    /// As configured: the key of `X-Signature`.
+    configured: String,
+    /// The key of `webhook-signature`: a `whsec_` secret's decoded bytes, else `configured`'s.
+    key: Vec<u8>,
+}
+
+impl std::fmt::Debug for WebhookSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WebhookSecret(***)")
+    }
+}
+
+/// A secret that cannot sign.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SecretError {
+    #[error("the webhook secret is empty")]
+    Empty,
+    #[error("a whsec_ webhook secret must be base64 after its prefix: {0}")]
+    NotBase64(String),
+}
+
+/// Standard Webhooks' prefix of a base64 secret.
+const WHSEC_PREFIX: &str = "whsec_";
+
+impl WebhookSecret {
+    pub fn parse(text: &str) -> Result<Self, SecretError> {
+        // padding optional, as the reference libraries accept it
+        let lenient = base64::engine::GeneralPurpose::new(
+            &base64::alphabet::STANDARD,
+            base64::engine::GeneralPurposeConfig::new()
+                .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+        );
+        let key = match text.strip_prefix(WHSEC_PREFIX) {
+            Some(encoded) => {
+                lenient.decode(encoded).map_err(|error| SecretError::NotBase64(error.to_string()))?
+            }
+            None => text.as_bytes().to_vec(),
+        };
+        if key.is_empty() {
+            return Err(SecretError::Empty);
+        }
+        Ok(Self { configured: text.to_owned(), key })
+    }
+}
+
 /// Where and how notifications are sent.
 #[derive(Debug, Clone)]
 pub struct WebhookSettings {
     pub url: reqwest::Url,
-    /// Key of the `X-Signature` HMAC; unsigned when `None`.
-    pub secret: Option<String>,
+    /// Signs every request; unsigned when `None` (only when the operator said so).
+    pub secret: Option<WebhookSecret>,
     /// The whole request, connection included, must finish within this.
     pub timeout: Duration,
     /// Idle connections kept per host.
@@ -94,12 +148,25 @@ pub fn is_transient(status: StatusCode) -> bool {
         || status == StatusCode::TOO_MANY_REQUESTS
 }
 
-/// `sha256=<lowercase hex HMAC-SHA256 of body keyed by secret>`.
-pub fn signature(secret: &str, body: &[u8]) -> String {
+fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
     // HMAC takes keys of any length
-    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(secret.as_bytes()).unwrap_or_else(|_| unreachable!());
-    mac.update(body);
-    let digest = mac.finalize().into_bytes();
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key).unwrap_or_else(|_| unreachable!());
+    for part in parts {
+        mac.update(part);
+    }
+    mac.finalize().into_bytes().to_vec()
+}
+
+/// `webhook-signature` (Standard Webhooks): `v1,<base64 HMAC-SHA256 of "<id>.<timestamp>.<body>">`.
+pub fn standard_signature(secret: &WebhookSecret, id: &str, timestamp: i64, body: &[u8]) -> String {
+    let timestamp = timestamp.to_string();
+    let digest = hmac_sha256(&secret.key, &[id.as_bytes(), b".", timestamp.as_bytes(), b".", body]);
+    format!("v1,{}", base64::engine::general_purpose::STANDARD.encode(digest))
+}
+
+/// `X-Signature`: `sha256=<lowercase hex HMAC-SHA256 of body keyed by secret>`.
+pub fn signature(secret: &str, body: &[u8]) -> String {
+    let digest = hmac_sha256(secret.as_bytes(), &[body]);
     let mut text = String::with_capacity(7 + digest.len() * 2);
     text.push_str("sha256=");
     for byte in digest {
@@ -155,7 +222,14 @@ impl Webhook {
         insert(&mut headers, "idempotency-key", &notification.event_id.to_string());
         insert(&mut headers, "x-evento-tipo", notification.event_type);
         if let Some(secret) = &self.settings.secret {
-            insert(&mut headers, "x-signature", &signature(secret, notification.body));
+            let id = notification.event_id.to_string();
+            let timestamp =
+                SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_secs() as i64);
+            insert(&mut headers, "webhook-id", &id);
+            insert(&mut headers, "webhook-timestamp", &timestamp.to_string());
+            let signed = standard_signature(secret, &id, timestamp, notification.body);
+            insert(&mut headers, "webhook-signature", &signed);
+            insert(&mut headers, "x-signature", &signature(&secret.configured, notification.body));
         }
         for (name, value) in notification.trace {
             insert(&mut headers, name, value);
@@ -214,6 +288,34 @@ mod tests {
             signature("Jefe", b"what do ya want for nothing!"),
             signature("Jefe", b"what do ya want for nothing?")
         );
+    }
+
+    #[test]
+    fn standard_webhooks_signature_matches_the_specifications_example() {
+        // the example of the Standard Webhooks reference libraries' tests
+        let secret = WebhookSecret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").expect("secret");
+        assert_eq!(
+            standard_signature(
+                &secret,
+                "msg_p5jXN8AQM9LWM0D4loKWxJek",
+                1_614_265_330,
+                br#"{"test": 2432232314}"#
+            ),
+            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+        );
+    }
+
+    #[test]
+    fn secrets_are_checked_and_never_shown() {
+        assert_eq!(WebhookSecret::parse("").err(), Some(SecretError::Empty));
+        assert_eq!(WebhookSecret::parse("whsec_").err(), Some(SecretError::Empty));
+        assert!(matches!(WebhookSecret::parse("whsec_not base64!"), Err(SecretError::NotBase64(_))));
+        let unpadded = WebhookSecret::parse("whsec_AQID").expect("unpadded");
+        assert_eq!(unpadded.key, [1, 2, 3]);
+        assert_eq!(WebhookSecret::parse("whsec_AQI").expect("unpadded").key, [1, 2]);
+        let raw = WebhookSecret::parse("plain-secret").expect("raw secret");
+        assert_eq!(raw.key, b"plain-secret");
+        assert_eq!(format!("{raw:?}"), "WebhookSecret(***)");
     }
 
     #[test]

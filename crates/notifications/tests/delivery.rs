@@ -38,6 +38,7 @@ impl Running {
                 listen: "127.0.0.1:0".parse().expect("address"),
                 webhook_url: Some(url.parse().expect("url")),
                 webhook_secret: Some(SECRET.into()),
+                webhook_unsigned: false,
                 webhook_timeout_ms: timeout_ms,
                 concurrency: 16,
             },

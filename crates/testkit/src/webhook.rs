@@ -23,7 +23,12 @@ pub enum Reply {
 #[derive(Debug, Clone)]
 pub struct Call {
     pub idempotency_key: Option<String>,
+    /// `X-Signature`.
     pub signature: Option<String>,
+    /// Standard Webhooks' `webhook-id`, `webhook-timestamp`, `webhook-signature`.
+    pub webhook_id: Option<String>,
+    pub webhook_timestamp: Option<String>,
+    pub webhook_signature: Option<String>,
     pub event_type: Option<String>,
     pub traceparent: Option<String>,
     pub body: Bytes,
@@ -88,6 +93,9 @@ async fn answer(State(receiver): State<Receiver>, headers: HeaderMap, body: Byte
     let call = Call {
         idempotency_key: text("idempotency-key"),
         signature: text("x-signature"),
+        webhook_id: text("webhook-id"),
+        webhook_timestamp: text("webhook-timestamp"),
+        webhook_signature: text("webhook-signature"),
         event_type: text("x-evento-tipo"),
         traceparent: text("traceparent"),
         body,

@@ -20,6 +20,9 @@ pub enum StoreError {
     /// The writer tasks are gone (the service is stopping).
     #[error("the transfer writer stopped")]
     WriterStopped,
+    /// The writers' queue is full: the database takes transfers slower than they arrive.
+    #[error("too many transfers are waiting to be written")]
+    WriterBusy,
     /// The transaction this request shared with others failed for want of the database.
     #[error("the transfers database is unavailable: {0}")]
     Unavailable(String),

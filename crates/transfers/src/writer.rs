@@ -53,13 +53,18 @@ impl Writer {
         Self { pool, queue: Some(queue) }
     }
 
-    /// Creates `transfer` (see [`store::create`]).
+    /// Creates `transfer` (see [`store::create`]). With the queue full (the database slower
+    /// than the intake, or hung) the request is refused at once ([`StoreError::WriterBusy`]):
+    /// waiting for room would only hold the client and its connection.
     pub async fn create(&self, transfer: NewTransfer) -> Result<Created, StoreError> {
         let Some(queue) = &self.queue else {
             return store::create(&self.pool, &transfer).await;
         };
         let (answer, answered) = oneshot::channel();
-        queue.send(Job { transfer, answer }).await.map_err(|_| StoreError::WriterStopped)?;
+        queue.try_send(Job { transfer, answer }).map_err(|error| match error {
+            mpsc::error::TrySendError::Full(_) => StoreError::WriterBusy,
+            mpsc::error::TrySendError::Closed(_) => StoreError::WriterStopped,
+        })?;
         answered.await.map_err(|_| StoreError::WriterStopped)?
     }
 }

@@ -126,3 +126,43 @@ async fn with_the_database_away_every_request_in_the_batch_is_told_so() {
         assert!(error.is_unavailable(), "{error:?}");
     }
 }
+
+/// A "database" that accepts connections and never answers: every writer hangs on it.
+async fn hung_database_url() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address");
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    format!("postgres://nobody:nothing@{address}/none?sslmode=disable")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_writers_stuck_a_full_queue_refuses_at_once_instead_of_waiting() {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(writer::WRITERS as u32)
+        .acquire_timeout(Duration::from_secs(3_600))
+        .connect_lazy(&hung_database_url().await)
+        .expect("lazy pool");
+    let writer = Writer::batched(pool);
+    // the writers hold at most WRITERS batches of MAX_BATCH, the queue as many again: one
+    // more cannot fit anywhere
+    let capacity = 2 * writer::WRITERS * writer::MAX_BATCH;
+    let (answers, mut answered) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..=capacity {
+        let (writer, answers) = (writer.clone(), answers.clone());
+        tokio::spawn(async move {
+            let _ = answers.send(writer.create(transfer(1, None)).await);
+        });
+    }
+    let refused = tokio::time::timeout(Duration::from_secs(60), answered.recv())
+        .await
+        .expect("a request answered although every writer is stuck")
+        .expect("an answer");
+    assert!(matches!(refused, Err(StoreError::WriterBusy)), "{refused:?}");
+    let problem = web::ApiError::from(StoreError::WriterBusy);
+    assert!(matches!(problem, web::ApiError::Overloaded { retry_after_s: 1, .. }), "{problem:?}");
+}

@@ -14,6 +14,9 @@ pub const OUTCOME_UNKNOWN: Kind = Kind { uri: "/problems/outcome-unknown", title
 pub const KEY_REUSED: Kind =
     Kind { uri: "/problems/idempotency-key-reused", title: "Idempotency-Key reused" };
 
+/// How long a client refused for a full writer queue is asked to wait.
+pub const WRITER_BUSY_RETRY_AFTER_S: u32 = 1;
+
 impl From<StoreError> for ApiError {
     fn from(error: StoreError) -> Self {
         match error {
@@ -32,6 +35,15 @@ impl From<StoreError> for ApiError {
                          it exists, and creates it once if not), or look it up with GET /transferencias?conta=…"
                     .into(),
             },
+            StoreError::WriterBusy => {
+                metrics::counter!("transferencias_recusadas_total", "motivo" => "fila_cheia").increment(1);
+                ApiError::Overloaded {
+                    detail: format!(
+                        "too many transfers are waiting to be written; retry in {WRITER_BUSY_RETRY_AFTER_S} s"
+                    ),
+                    retry_after_s: WRITER_BUSY_RETRY_AFTER_S,
+                }
+            }
             ref unavailable if unavailable.is_unavailable() => {
                 tracing::warn!(error = %telemetry::error_chain(&error), "transfers database unreachable");
                 ApiError::Unavailable("the transfers database is unreachable; retry later".into())

@@ -52,7 +52,7 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 pub const DEFAULT_DATABASE_URL: &str = "postgres://ledger:ledger@localhost:5432/ledger";
 
 /// Options of `pagamentos ledger`.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Clone, clap::Args)]
 pub struct LedgerArgs {
     /// Address the accounts API (and health, metrics) listens on.
     #[arg(
@@ -105,6 +105,23 @@ pub struct LedgerArgs {
     /// How long published outbox rows are kept before they are deleted, in seconds.
     #[arg(id = "ledger_outbox_retention_seconds", value_name = "OUTBOX_RETENTION_SECONDS", long = "ledger-outbox-retention-seconds", env = "OUTBOX_RETENTION_SECONDS", default_value_t = 86_400, value_parser = clap::value_parser!(u64).range(1..))]
     pub outbox_retention_seconds: u64,
+}
+
+impl std::fmt::Debug for LedgerArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // by hand, so that no URL password, token or secret is ever printed
+        f.debug_struct("LedgerArgs")
+            .field("listen", &self.listen)
+            .field("database_url", &telemetry::redact_url(&self.database_url))
+            .field("database_connections", &self.database_connections)
+            .field("ledger_batch_records", &self.ledger_batch_records)
+            .field("ledger_batch_wait_ms", &self.ledger_batch_wait_ms)
+            .field("ledger_retry_initial_ms", &self.ledger_retry_initial_ms)
+            .field("ledger_retry_max_ms", &self.ledger_retry_max_ms)
+            .field("ledger_retries", &self.ledger_retries)
+            .field("outbox_retention_seconds", &self.outbox_retention_seconds)
+            .finish()
+    }
 }
 
 impl LedgerArgs {

@@ -6,7 +6,7 @@ use std::str::FromStr;
 use kafka::KafkaArgs;
 
 /// Drive transfers through the HTTP API and report throughput and latency.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Clone, clap::Args)]
 pub struct LoadgenArgs {
     /// Transfers per second to offer on an open-loop schedule (a late send counts from when it
     /// was due); 0 = as fast as the system finishes them: --concurrency senders, each sending
@@ -68,6 +68,28 @@ pub struct LoadgenArgs {
 
     #[command(flatten)]
     pub kafka: KafkaArgs,
+}
+
+impl std::fmt::Debug for LoadgenArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // by hand, so that no URL password, token or secret is ever printed
+        f.debug_struct("LoadgenArgs")
+            .field("rate", &self.rate)
+            .field("duration", &self.duration)
+            .field("accounts", &self.accounts)
+            .field("skew", &self.skew)
+            .field("concurrency", &self.concurrency)
+            .field("drain_timeout", &self.drain_timeout)
+            .field("max_amount_cents", &self.max_amount_cents)
+            .field("opening_balance_cents", &self.opening_balance_cents)
+            .field("transferencias_url", &self.transferencias_url)
+            .field("ledger_url", &self.ledger_url)
+            .field("api_token", &self.api_token.as_ref().map(|_| "***"))
+            .field("admin_token", &self.admin_token.as_ref().map(|_| "***"))
+            .field("seed", &self.seed)
+            .field("kafka", &self.kafka)
+            .finish()
+    }
 }
 
 /// How accounts are drawn.

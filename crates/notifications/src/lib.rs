@@ -32,7 +32,7 @@ use kafka::retry_topic::{Chain, StageOptions};
 use kafka::{KafkaArgs, Profile, TopicArgs};
 
 /// Options of `pagamentos notificacoes`.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Clone, clap::Args)]
 pub struct NotificationsArgs {
     /// Address of `/healthz`, `/readyz` and `/metrics`.
     #[arg(
@@ -81,6 +81,20 @@ pub struct NotificationsArgs {
     /// Most webhook calls in flight per consumer (main and each retry topic).
     #[arg(id = "notificacoes_concurrency", value_name = "CONCURRENCY", long = "webhook-concurrency", env = "NOTIFICACOES_WEBHOOK_CONCURRENCY", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1_024))]
     pub concurrency: u32,
+}
+
+impl std::fmt::Debug for NotificationsArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // by hand, so that the secret and the URL's credentials are never printed
+        f.debug_struct("NotificationsArgs")
+            .field("listen", &self.listen)
+            .field("webhook_url", &self.webhook_url.as_ref().map(redacted))
+            .field("webhook_secret", &self.webhook_secret.as_ref().map(|_| "***"))
+            .field("webhook_unsigned", &self.webhook_unsigned)
+            .field("webhook_timeout_ms", &self.webhook_timeout_ms)
+            .field("concurrency", &self.concurrency)
+            .finish()
+    }
 }
 
 /// An absolute `http` or `https` URL.

@@ -11,7 +11,7 @@ use sqlx::{ConnectOptions, PgPool};
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The two databases: one per service, as the contract says.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Clone, clap::Args)]
 pub struct DatabaseArgs {
     /// PostgreSQL URL of the transfers database.
     #[arg(
@@ -30,6 +30,16 @@ pub struct DatabaseArgs {
         hide_env_values = true
     )]
     pub ledger_database_url: String,
+}
+
+impl std::fmt::Debug for DatabaseArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // by hand, so that no URL password, token or secret is ever printed
+        f.debug_struct("DatabaseArgs")
+            .field("transferencias_database_url", &telemetry::redact_url(&self.transferencias_database_url))
+            .field("ledger_database_url", &telemetry::redact_url(&self.ledger_database_url))
+            .finish()
+    }
 }
 
 /// `url` without its password, for messages.

@@ -151,3 +151,42 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parsed_options_never_print_their_secrets() {
+        let cli = Cli::try_parse_from([
+            "pagamentos",
+            "all",
+            "--transferencias-database-url",
+            "postgres://transferencias:pw-transfers@db:5432/transferencias",
+            "--ledger-database-url",
+            "postgres://ledger:pw-ledger@db:5432/ledger?sslmode=verify-full",
+            "--api-token",
+            "token-api",
+            "--admin-token",
+            "token-admin",
+            "--webhook-url",
+            "https://user:pw-hook@hooks.example.com/in?token=token-query",
+            "--webhook-secret",
+            "whsec-secret",
+        ])
+        .expect("parses");
+        let printed = format!("{cli:?}");
+        assert!(printed.contains("hooks.example.com") && printed.contains("db:5432"), "{printed}");
+        for secret in [
+            "pw-transfers",
+            "pw-ledger",
+            "token-api",
+            "token-admin",
+            "pw-hook",
+            "token-query",
+            "whsec-secret",
+        ] {
+            assert!(!printed.contains(secret), "{secret} printed: {printed}");
+        }
+    }
+}

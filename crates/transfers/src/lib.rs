@@ -52,7 +52,7 @@ pub const DEFAULT_DATABASE_URL: &str =
 const KEY_CLEANUP_INTERVAL: Duration = Duration::from_secs(600);
 
 /// Options of `pagamentos transferencias`.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Clone, clap::Args)]
 pub struct TransfersArgs {
     /// Address the API listens on.
     #[arg(long = "transferencias-listen", env = "TRANSFERENCIAS_LISTEN", default_value = "0.0.0.0:8080")]
@@ -96,6 +96,21 @@ pub struct TransfersArgs {
         value_name = "BOOL"
     )]
     pub idempotency_key_required: bool,
+}
+
+impl std::fmt::Debug for TransfersArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // by hand, so that no URL password, token or secret is ever printed
+        f.debug_struct("TransfersArgs")
+            .field("listen", &self.listen)
+            .field("database_url", &telemetry::redact_url(&self.database_url))
+            .field("database_connections", &self.database_connections)
+            .field("idempotency_key_ttl_seconds", &self.idempotency_key_ttl_seconds)
+            .field("outbox_retention_seconds", &self.outbox_retention_seconds)
+            .field("outbox_max_pending", &self.outbox_max_pending)
+            .field("idempotency_key_required", &self.idempotency_key_required)
+            .finish()
+    }
 }
 
 /// Everything a running transfers service needs.

@@ -73,9 +73,17 @@ impl System {
 
     /// [`Self::start`] with more environment.
     pub async fn start_with(&self, extra: &[(&str, &str)]) -> Child {
+        self.start_configured(|command| {
+            command.envs(extra.iter().copied());
+        })
+        .await
+    }
+
+    /// [`Self::start`] with the command adjusted by `configure` first.
+    pub async fn start_configured(&self, configure: impl FnOnce(&mut Command)) -> Child {
         let mut command = super::service(&self.topics, "all");
         self.env(&mut command);
-        command.envs(extra.iter().copied());
+        configure(&mut command);
         let child = command.spawn().expect("start pagamentos all");
         for port in self.ports {
             let url = format!("http://127.0.0.1:{port}/readyz");

@@ -108,6 +108,7 @@ pub async fn start(
     let transactional_id = format!("{}{instance}", args.transactional_id_prefix);
     let group = kafka.group(topics::groups::ANTIFRAUD);
     let input = kafka.topic(topics::REQUESTED);
+    kafka::alerting::export_at_zero(std::slice::from_ref(&input), std::slice::from_ref(&input));
     let consumer = kafka::consumer::subscribe(
         &consumer_config(&kafka, "antifraude", &group, OffsetCommit::InTransaction),
         &[&input],

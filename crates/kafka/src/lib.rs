@@ -20,11 +20,14 @@
 //! - [`topics`]: create or verify every topic of the plan.
 //! - [`health`]: Kafka readiness for `/readyz`.
 //! - [`lag`]: `kafka_consumer_lag` per group and partition.
+//! - [`alerting`]: the counters alerts read (`retries_total`, `dlt_mensagens_total`), at 0
+//!   from the start.
 //!
 //! # Architecture invariant
 //! Knows no service and no database. Handlers decide what a record means; this crate only
 //! decides when an offset may move: never before the handler said the work is durable.
 
+pub mod alerting;
 pub mod config;
 pub mod consumer;
 pub mod context;

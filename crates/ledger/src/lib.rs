@@ -178,6 +178,7 @@ pub async fn start(
 
     let group = kafka.group(topics::groups::LEDGER);
     let input = kafka.topic(topics::ANALYSED);
+    kafka::alerting::export_at_zero(std::slice::from_ref(&input), std::slice::from_ref(&input));
     let producer = Producer::new(&producer_config(&kafka, "ledger", profile.linger()))?;
     let state = api::AppState { pool: pool.clone(), tokens: tokens.clone() };
     let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> = vec![

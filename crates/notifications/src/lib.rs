@@ -152,6 +152,12 @@ pub async fn start(
     };
     kafka::topics::ensure_at_start(&kafka, &topic_args).await?;
     let bases: Vec<String> = topics::RETRIED_TOPICS.iter().map(|topic| kafka.topic(topic)).collect();
+    let consumed: Vec<String> = chain()
+        .stages(&bases, "")
+        .iter()
+        .flat_map(|stage| stage.topics().into_iter().map(str::to_owned))
+        .collect();
+    kafka::alerting::export_at_zero(&consumed, &bases);
     let notifier = Arc::new(notifier::Notifier::new(webhook, kafka.topic(topics::SETTLED)));
     let producer = Producer::new(&producer_config(&kafka, "notificacoes", profile.linger()))?;
     let chain = chain();

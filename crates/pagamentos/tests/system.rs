@@ -217,6 +217,42 @@ async fn one_trace_follows_a_transfer_through_every_hop() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_counters_alerts_read_are_served_at_zero_before_any_failure() {
+    let system = System::new().await;
+    let mut all = system.start().await;
+    let topic = |name: &str| system.topics.topic(name);
+    let mut expected = Vec::new();
+    for consumed in [
+        contracts::topics::REQUESTED,
+        contracts::topics::ANALYSED,
+        contracts::topics::SETTLED,
+        contracts::topics::REJECTED,
+    ] {
+        expected.push(format!("retries_total{{topic=\"{}\"}} 0", topic(consumed)));
+        expected.push(format!("dlt_mensagens_total{{topic=\"{}-dlt\"}} 0", topic(consumed)));
+    }
+    for base in [contracts::topics::SETTLED, contracts::topics::REJECTED] {
+        for delay in contracts::topics::RETRY_DELAYS_MS {
+            expected.push(format!("retries_total{{topic=\"{}-retry-{delay}\"}} 0", topic(base)));
+        }
+    }
+    // ready means started: every service registered its counters before it answered /readyz
+    let text = system
+        .http
+        .get(format!("http://127.0.0.1:{}/metrics", system.ports[0]))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let missing: Vec<&String> =
+        expected.iter().filter(|line| !text.lines().any(|served| served == line.as_str())).collect();
+    assert!(missing.is_empty(), "not served at 0 from the start: {missing:?}");
+    assert!(terminate(&mut all).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_contract_metric_is_served_after_traffic() {
     use kafka::producer::{OutgoingRecord, Producer};
     use testkit::webhook::{Receiver, Reply};

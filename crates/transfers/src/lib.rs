@@ -153,6 +153,9 @@ pub async fn start(
     MIGRATOR.run(&pool).await?;
 
     kafka::topics::ensure_at_start(&kafka, &topic_args).await?;
+    // before the API answers /readyz: ready means every counter alerts read is served
+    let outcomes = [kafka.topic(topics::SETTLED), kafka.topic(topics::REJECTED)];
+    kafka::alerting::export_at_zero(&outcomes, &outcomes);
 
     let producer = Producer::new(&producer_config(&kafka, "transferencias", profile.linger()))?;
     let backlog = outbox::metrics::Backlog::default();

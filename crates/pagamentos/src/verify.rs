@@ -1,11 +1,14 @@
 //! `pagamentos verify [--scope ledger|all]`: the books against the contract's invariants
 //! (`CONTRACT.md` §4). The ledger's own invariants (1–3) are set-based queries in
 //! [`ledger::verify`]; invariant 4 merges the two databases' settled ids, both read in id
-//! order, so memory stays flat however many transfers there are.
+//! order, so memory stays flat however many transfers there are, and reports every transfer
+//! still `PENDENTE` after `--pending-older-than`: a request event lost on its way, or a stage
+//! down, ends here and not in silence.
 
 use std::cmp::Ordering;
 use std::fmt::Write as _;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use futures::{Stream, TryStreamExt};
 use sqlx::PgPool;
@@ -31,8 +34,29 @@ pub struct VerifyArgs {
     #[arg(long, value_enum, default_value_t = Scope::All)]
     scope: Scope,
 
+    /// With `all`: a transfer still `PENDENTE` this long after it was accepted is a break
+    /// (`300`, `300s`, `5m`, `1h`).
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pending_older_than: Duration,
+
     #[command(flatten)]
     databases: DatabaseArgs,
+}
+
+/// `N`, `Ns`, `Nm` or `Nh`.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let (number, unit) = match text.char_indices().last() {
+        Some((at, 's' | 'm' | 'h')) => text.split_at(at),
+        _ => (text, "s"),
+    };
+    let value: u64 =
+        number.parse().map_err(|_| format!("{text:?}: a number of seconds, or N followed by s, m or h"))?;
+    let seconds = match unit {
+        "m" => value.checked_mul(60),
+        "h" => value.checked_mul(3_600),
+        _ => Some(value),
+    };
+    seconds.map(Duration::from_secs).ok_or_else(|| format!("{text:?} is too long"))
 }
 
 pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
@@ -41,6 +65,7 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     if args.scope == Scope::All {
         let transfers_pool = database::connect(&args.databases.transferencias_database_url, 2).await?;
         results.push(settled_in_both(&transfers_pool, &ledger_pool).await?);
+        results.push(pending_too_long(&transfers_pool, &ledger_pool, args.pending_older_than).await?);
     }
     print!("{}", report(&results));
     Ok(if results.iter().all(CheckResult::is_clean) { ExitCode::SUCCESS } else { ExitCode::FAILURE })
@@ -85,6 +110,50 @@ pub async fn settled_in_both(transfers: &PgPool, ledger_pool: &PgPool) -> anyhow
     breaks.truncate(LISTED as usize);
     Ok(CheckResult { invariant: 4, check: CHECK, rule: RULE, total, breaks })
 }
+
+/// Every transfer still `PENDENTE` more than `bound` after it was accepted, oldest first,
+/// with what the ledger knows of it.
+pub async fn pending_too_long(
+    transfers: &PgPool,
+    ledger_pool: &PgPool,
+    bound: Duration,
+) -> anyhow::Result<CheckResult> {
+    const WHERE: &str = "WHERE status = 'PENDENTE' AND criada_em < now() - make_interval(secs => $1)";
+    let seconds = bound.as_secs_f64();
+    let total: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM transferencia {WHERE}"))
+        .bind(seconds)
+        .fetch_one(transfers)
+        .await?;
+    let listed: Vec<(Uuid, i64)> = sqlx::query_as(&format!(
+        "SELECT id, extract(epoch FROM now() - criada_em)::bigint FROM transferencia {WHERE} \
+         ORDER BY criada_em LIMIT $2"
+    ))
+    .bind(seconds)
+    .bind(LISTED)
+    .fetch_all(transfers)
+    .await?;
+    let mut breaks = Vec::with_capacity(listed.len());
+    for (id, age_s) in listed {
+        let ledger_says = match ledger::store::outcome(ledger_pool, id).await? {
+            None => "not decided by the ledger".to_owned(),
+            Some((result, reason)) => format!(
+                "{result}{} in the ledger: its outcome event did not reach transferencias",
+                reason.map(|r| format!(" ({r})")).unwrap_or_default()
+            ),
+        };
+        breaks.push(Break {
+            invariant: 4,
+            check: PENDING_CHECK,
+            subject: id.to_string(),
+            detail: format!("PENDENTE for {age_s} s, {ledger_says}"),
+        });
+    }
+    Ok(CheckResult { invariant: 4, check: PENDING_CHECK, rule: PENDING_RULE, total, breaks })
+}
+
+const PENDING_CHECK: &str = "pending-too-long";
+const PENDING_RULE: &str =
+    "no transfer stays PENDENTE longer than --pending-older-than (a lost event or a stage down)";
 
 const CHECK: &str = "settled-in-both";
 const RULE: &str = "a transfer is LIQUIDADA in transferencias iff the ledger settled it";
@@ -172,6 +241,17 @@ mod tests {
             futures::stream::iter(values.into_iter().map(Ok::<_, std::convert::Infallible>))
         };
         merge_differences(stream(ids(left)), stream(ids(right))).await.unwrap()
+    }
+
+    #[test]
+    fn durations_take_seconds_minutes_or_hours() {
+        assert_eq!(parse_duration("300"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("45s"), Ok(Duration::from_secs(45)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7_200)));
+        for bad in ["", "m", "5 m", "-1", "1.5h", "5d", "99999999999999999999h"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[tokio::test]

@@ -90,7 +90,7 @@ async fn clean_books_exit_0() {
     let output = books.verify(&[]).await;
     let report = stdout(&output);
     assert_eq!(output.status.code(), Some(0), "{report}");
-    assert_eq!(report.lines().last(), Some("verify: clean (10 checks)"), "{report}");
+    assert_eq!(report.lines().last(), Some("verify: clean (11 checks)"), "{report}");
     assert!(!report.contains("BROKEN"));
 }
 
@@ -105,7 +105,7 @@ async fn a_transfer_settled_on_one_side_only_is_named_either_way() {
     assert_eq!(output.status.code(), Some(1), "{report}");
     assert!(report.contains("BROKEN invariant 4 settled-in-both"), "{report}");
     assert!(report.contains(&only_transfers.to_string()), "{report}");
-    assert_eq!(report.lines().last(), Some("verify: 1 breaks in 1 of 10 checks"), "{report}");
+    assert_eq!(report.lines().last(), Some("verify: 1 breaks in 1 of 11 checks"), "{report}");
 
     // --scope ledger leaves invariant 4 (and the transfers database) out
     let output =
@@ -124,6 +124,48 @@ async fn a_transfer_settled_on_one_side_only_is_named_either_way() {
     assert_eq!(output.status.code(), Some(1), "{report}");
     assert!(report.contains(&only_ledger.to_string()), "{report}");
     assert!(report.contains("settled by the ledger, PENDENTE in transferencias"), "{report}");
+}
+
+#[tokio::test]
+async fn a_transfer_pending_past_the_bound_is_a_break_naming_what_the_ledger_knows() {
+    let (books, _) = books().await;
+    let (lost, unheard, recent) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    // accepted 10 minutes ago and never decided: its request event was lost somewhere
+    books.transfer(lost, "PENDENTE").await;
+    // settled by the ledger 10 minutes ago, the outcome event never projected
+    books.settle(&[(unheard, 10)]).await;
+    books.transfer(unheard, "PENDENTE").await;
+    sqlx::query("UPDATE transferencia SET criada_em = now() - interval '10 minutes' WHERE id = ANY($1)")
+        .bind(vec![lost, unheard])
+        .execute(&books.transfers.pool)
+        .await
+        .expect("age them");
+    // in flight: younger than the bound
+    books.transfer(recent, "PENDENTE").await;
+
+    let output = books.verify(&[]).await;
+    let report = stdout(&output);
+    assert_eq!(output.status.code(), Some(1), "{report}");
+    assert!(report.contains("BROKEN invariant 4 pending-too-long"), "{report}");
+    let line = |id: Uuid| report.lines().find(|line| line.contains(&id.to_string())).map(str::to_owned);
+    let lost_line = line(lost).expect("the lost transfer is named");
+    assert!(
+        lost_line.contains("PENDENTE for 6") && lost_line.contains("not decided by the ledger"),
+        "{lost_line}"
+    );
+    assert!(
+        report.contains(&format!("{unheard}: PENDENTE for 6"))
+            && report.contains("LIQUIDADA in the ledger: its outcome event did not reach transferencias"),
+        "{report}"
+    );
+    assert!(!report.contains(&format!("{recent}: PENDENTE")), "a transfer in flight is not stuck: {report}");
+
+    // a longer bound: nothing is stuck (the settled one still breaks settled-in-both)
+    let output = books.verify(&["--pending-older-than", "1h"]).await;
+    let report = stdout(&output);
+    assert!(report.contains("ok    invariant 4 pending-too-long"), "{report}");
+    let refused = books.verify(&["--pending-older-than", "5 minutes"]).await;
+    assert_eq!(refused.status.code(), Some(2), "a malformed bound is refused");
 }
 
 #[tokio::test]

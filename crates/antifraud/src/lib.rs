@@ -108,7 +108,6 @@ pub async fn start(
     let transactional_id = format!("{}{instance}", args.transactional_id_prefix);
     let group = kafka.group(topics::groups::ANTIFRAUD);
     let input = kafka.topic(topics::REQUESTED);
-    kafka::alerting::export_at_zero(std::slice::from_ref(&input), std::slice::from_ref(&input));
     let consumer = kafka::consumer::subscribe(
         &consumer_config(&kafka, "antifraude", &group, OffsetCommit::InTransaction),
         &[&input],
@@ -133,6 +132,8 @@ pub async fn start(
     let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> =
         vec![Arc::new(kafka::health::KafkaReady::new(probe, input.clone()))];
     let app = telemetry::health::router(checks, telemetry::metrics::install());
+    // after the recorder is installed (with the router above), before /readyz answers
+    kafka::alerting::export_at_zero(std::slice::from_ref(&input), std::slice::from_ref(&input));
     let (bound, serve) =
         telemetry::server::bind("antifraude health", args.listen, app, shutdown.clone().cancelled_owned())
             .await

@@ -178,7 +178,6 @@ pub async fn start(
 
     let group = kafka.group(topics::groups::LEDGER);
     let input = kafka.topic(topics::ANALYSED);
-    kafka::alerting::export_at_zero(std::slice::from_ref(&input), std::slice::from_ref(&input));
     let producer = Producer::new(&producer_config(&kafka, "ledger", profile.linger()))?;
     let state = api::AppState { pool: pool.clone(), tokens: tokens.clone() };
     let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> = vec![
@@ -190,6 +189,8 @@ pub async fn start(
         telemetry::metrics::install(),
         tokens.warnings(),
     ));
+    // after the recorder is installed (with the router above), before /readyz answers
+    kafka::alerting::export_at_zero(std::slice::from_ref(&input), std::slice::from_ref(&input));
     let (bound, serve) =
         telemetry::server::bind("ledger API", args.listen, app, shutdown.clone().cancelled_owned())
             .await

@@ -157,7 +157,6 @@ pub async fn start(
         .iter()
         .flat_map(|stage| stage.topics().into_iter().map(str::to_owned))
         .collect();
-    kafka::alerting::export_at_zero(&consumed, &bases);
     let notifier = Arc::new(notifier::Notifier::new(webhook, kafka.topic(topics::SETTLED)));
     let producer = Producer::new(&producer_config(&kafka, "notificacoes", profile.linger()))?;
     let chain = chain();
@@ -167,6 +166,8 @@ pub async fn start(
     let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> =
         vec![Arc::new(kafka::health::KafkaReady::new(producer.clone(), bases[0].clone()))];
     let app = telemetry::health::router_with_warnings(checks, telemetry::metrics::install(), warnings);
+    // after the recorder is installed (with the router above), before /readyz answers
+    kafka::alerting::export_at_zero(&consumed, &bases);
     let (bound, serve) =
         telemetry::server::bind("notificacoes health", args.listen, app, shutdown.clone().cancelled_owned())
             .await

@@ -153,9 +153,6 @@ pub async fn start(
     MIGRATOR.run(&pool).await?;
 
     kafka::topics::ensure_at_start(&kafka, &topic_args).await?;
-    // before the API answers /readyz: ready means every counter alerts read is served
-    let outcomes = [kafka.topic(topics::SETTLED), kafka.topic(topics::REJECTED)];
-    kafka::alerting::export_at_zero(&outcomes, &outcomes);
 
     let producer = Producer::new(&producer_config(&kafka, "transferencias", profile.linger()))?;
     let backlog = outbox::metrics::Backlog::default();
@@ -182,6 +179,9 @@ pub async fn start(
         telemetry::metrics::install(),
         tokens.warnings(),
     ));
+    // after the recorder is installed (with the router above), before /readyz answers
+    let outcomes = [kafka.topic(topics::SETTLED), kafka.topic(topics::REJECTED)];
+    kafka::alerting::export_at_zero(&outcomes, &outcomes);
     let (bound, serve) =
         telemetry::server::bind("transferencias API", args.listen, app, shutdown.clone().cancelled_owned())
             .await

@@ -4,7 +4,8 @@
 //! a poison pill, and `tests/java/HeaderCheck.java`, run against kafka-clients (the jars
 //! `scripts/stack` caches), reads every header the way Spring Kafka does (`Headers.lastHeader`,
 //! `TimestampType.forName`, `ByteBuffer`, `new BigInteger(bytes)`) and exits non-zero on any
-//! header that does not parse or has the wrong value.
+//! header that does not parse or has the wrong value, or on an original record that is not on
+//! the partition Java's partitioner picks for its key.
 
 mod common;
 
@@ -118,15 +119,17 @@ async fn kafka_clients_read_our_retry_records_and_dead_letters_as_spring_does() 
     let producer = Producer::new(&kafka::config::producer_config(&topics.args, "test", Duration::ZERO))
         .expect("producer");
 
+    // keys whose partition out of 3 differs between Java's murmur2 (CC-003 → 0, CC-004 → 1) and
+    // librdkafka's default crc32 (1 and 2), so HeaderCheck's partitioner check can fail
     // a notification that fails all four attempts: retry-1000, -2000, -4000, then -dlt
     let event = Uuid::new_v4();
     let settled = topics.topic(topics::SETTLED);
     let payload =
         json!({"eventoId": event, "transferenciaId": Uuid::new_v4(), "liquidadaEm": "2026-12-04T10:00:00Z"});
-    producer.send(&OutgoingRecord::new(&settled, "CC-001", payload.to_string())).await.expect("publish");
+    producer.send(&OutgoingRecord::new(&settled, "CC-003", payload.to_string())).await.expect("publish");
     // a poison pill for antifraude's blocking handler: a kafka_dlt-* dead letter
     let requested = topics.topic(topics::REQUESTED);
-    producer.send(&OutgoingRecord::new(&requested, "CC-002", "{not json")).await.expect("publish poison");
+    producer.send(&OutgoingRecord::new(&requested, "CC-004", "{not json")).await.expect("publish poison");
 
     testkit::eventually("four webhook calls", Duration::from_secs(90), || async {
         (receiver.calls_for(event).len() >= 4).then_some(())

@@ -1,6 +1,7 @@
 // Reads the retry records and dead letters that pagamentos wrote with kafka-clients' own API,
 // the way Spring Kafka reads them (Headers.lastHeader, TimestampType.forName, ByteBuffer,
-// new BigInteger(bytes)), and checks every header of CONTRACT.md §3 that it finds.
+// new BigInteger(bytes)), and checks every header of CONTRACT.md §3 that it finds; and that
+// the original record's partition is the one Java's partitioner picks for its key.
 //
 // Run by crates/pagamentos/tests/spring_headers.rs as a single-file program:
 //   java -cp '<kafka libs>/*' HeaderCheck.java bootstrap=HOST:PORT retried-topic=T
@@ -30,12 +31,15 @@ import org.apache.kafka.common.header.Header;
 import org.apache.kafka.common.header.Headers;
 import org.apache.kafka.common.record.TimestampType;
 import org.apache.kafka.common.serialization.ByteArrayDeserializer;
+import org.apache.kafka.common.utils.Utils;
 
 public class HeaderCheck {
 
     private static final long[] DELAYS_MS = {1000, 2000, 4000, 0}; // the hop to -dlt: due at once
 
     private static final List<String> failed = new ArrayList<>();
+
+    private static final Map<String, Integer> partitionCounts = new HashMap<>();
 
     private static int checks;
 
@@ -54,8 +58,8 @@ public class HeaderCheck {
                 retried + "-retry-4000", retried + "-dlt");
         List<String> topics = new ArrayList<>(hops);
         topics.add(blocking);
-        Map<String, ConsumerRecord<byte[], byte[]>> first =
-                firstRecords(need(options, "bootstrap"), topics, Duration.ofSeconds(90));
+        Map<String, ConsumerRecord<byte[], byte[]>> first = firstRecords(need(options, "bootstrap"), topics,
+                List.of(retried, need(options, "blocking-topic")), Duration.ofSeconds(90));
         for (String topic : topics) {
             if (!first.containsKey(topic)) {
                 System.out.println("MISSING no record on " + topic + " within 90 s");
@@ -90,6 +94,7 @@ public class HeaderCheck {
         Integer partition = intValue(at, headers, "kafka_original-partition");
         check(at + "kafka_original-partition = the record's partition (kept by every hop)",
                 partition != null && partition == record.partition(), partition);
+        checkPartitioner(at, record, retried, partition);
         Long offset = longValue(at, headers, "kafka_original-offset");
         check(at + "kafka_original-offset >= 0", offset != null && offset >= 0, offset);
         Long originalTimestamp = longValue(at, headers, "kafka_original-timestamp");
@@ -172,6 +177,7 @@ public class HeaderCheck {
         Integer partition = intValue(at, headers, "kafka_dlt-original-partition");
         check(at + "kafka_dlt-original-partition = the record's partition", partition != null
                 && partition == record.partition(), partition);
+        checkPartitioner(at, record, source, partition);
         Long offset = longValue(at, headers, "kafka_dlt-original-offset");
         check(at + "kafka_dlt-original-offset >= 0", offset != null && offset >= 0, offset);
         Long timestamp = longValue(at, headers, "kafka_dlt-original-timestamp");
@@ -189,6 +195,20 @@ public class HeaderCheck {
         check(at + "kafka_dlt-exception-message not empty", notEmpty(text(headers, "kafka_dlt-exception-message")),
                 text(headers, "kafka_dlt-exception-message"));
         check(at + "no retry_topic-attempts", headers.lastHeader("retry_topic-attempts") == null, "present");
+    }
+
+    /** The original was produced by our murmur2_random producer: where Java's would put its key. */
+    private static void checkPartitioner(String at, ConsumerRecord<byte[], byte[]> record, String source,
+            Integer partition) {
+        Integer count = partitionCounts.get(source);
+        if (record.key() == null || count == null || partition == null) {
+            check(at + "key and partition count of " + source + " known", false, "key " + record.key()
+                    + ", partitions " + count);
+            return;
+        }
+        int java = Utils.toPositive(Utils.murmur2(record.key())) % count;
+        check(at + "original partition = Java's partitioner for key " + new String(record.key(), StandardCharsets.UTF_8),
+                java == partition, partition + " vs Java's " + java);
     }
 
     /** TimestampType.forName: what Spring's listeners and tools call on this header. */
@@ -264,9 +284,12 @@ public class HeaderCheck {
         }
     }
 
-    /** The first committed record of each topic, read from the beginning of every partition. */
+    /**
+     * The first committed record of each topic, read from the beginning of every partition; the
+     * partition counts of `sources` into partitionCounts.
+     */
     private static Map<String, ConsumerRecord<byte[], byte[]>> firstRecords(String bootstrap, List<String> topics,
-            Duration within) {
+            List<String> sources, Duration within) {
         Properties properties = new Properties();
         properties.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         properties.put(ConsumerConfig.KEY_DESERIALIZER_CLASS_CONFIG, ByteArrayDeserializer.class.getName());
@@ -276,6 +299,9 @@ public class HeaderCheck {
         properties.put(ConsumerConfig.CLIENT_ID_CONFIG, "header-check");
         Map<String, ConsumerRecord<byte[], byte[]>> first = new LinkedHashMap<>();
         try (KafkaConsumer<byte[], byte[]> consumer = new KafkaConsumer<>(properties)) {
+            for (String source : sources) {
+                partitionCounts.put(source, consumer.partitionsFor(source, Duration.ofSeconds(30)).size());
+            }
             List<TopicPartition> partitions = new ArrayList<>();
             for (String topic : topics) {
                 for (PartitionInfo info : consumer.partitionsFor(topic, Duration.ofSeconds(30))) {

@@ -130,7 +130,7 @@ impl Analyser {
         let event = match decode(input) {
             Ok(event) => event,
             Err(error) => {
-                let failure = Failure::new(MALFORMED_EVENT, Some("serde_json::Error"), &error);
+                let failure = Failure::new(MALFORMED_EVENT, "serde_json::Error", &error);
                 tracing::warn!(topic = input.topic(), partition = input.partition(), offset = input.offset(), %error, "poison record to the dead-letter topic");
                 return Ok(dead_letter(input, &self.group, &failure));
             }

@@ -3,6 +3,11 @@
 //! Dead letters and retry records carry the headers Spring Kafka's
 //! `DeadLetterPublishingRecoverer` and retry topics write, encoded the way Spring writes them,
 //! so existing Spring tooling and listeners read ours and ours read theirs.
+//!
+//! A header may occur more than once on a record: Spring's retry topics append the
+//! `retry_topic-*` and exception headers at every hop (`retainAllRetryHeaderValues`), one value
+//! per hop. Readers take the **last** value (Kafka's `Headers.lastHeader`); the first one is
+//! the oldest hop's.
 
 /// `evento-id`: the payload's `eventoId`. Informational: readers never require it.
 pub const EVENT_ID: &str = "evento-id";
@@ -12,7 +17,9 @@ pub const EVENT_TYPE: &str = "evento-tipo";
 pub const TRACEPARENT: &str = "traceparent";
 pub const TRACESTATE: &str = "tracestate";
 
-/// Headers of the blocking error handlers' dead letters (antifraud, ledger, the projection).
+/// Headers of the blocking error handlers' dead letters (antifraud, ledger, the projection),
+/// as Spring's `DeadLetterPublishingRecoverer` writes them by default: each occurs once; the
+/// `original` ones are written on the first failure and kept, the exception ones replaced.
 pub mod dlt {
     pub const ORIGINAL_TOPIC: &str = "kafka_dlt-original-topic";
     pub const ORIGINAL_PARTITION: &str = "kafka_dlt-original-partition";
@@ -26,7 +33,10 @@ pub mod dlt {
     pub const EXCEPTION_STACKTRACE: &str = "kafka_dlt-exception-stacktrace";
 }
 
-/// Headers that Spring's retry topics write on every forwarded record.
+/// Headers that Spring's retry topics write on every forwarded record. The `kafka_original-*`
+/// family and `kafka_dlt-original-consumer-group` are written once, on the first hop, and kept;
+/// the `retry_topic-*` and `kafka_exception-*` headers get one more value at every hop (the
+/// hop to `-dlt` included): read the last.
 pub mod retry {
     pub const ORIGINAL_TOPIC: &str = "kafka_original-topic";
     pub const ORIGINAL_PARTITION: &str = "kafka_original-partition";
@@ -39,17 +49,59 @@ pub mod retry {
     pub const EXCEPTION_STACKTRACE: &str = "kafka_exception-stacktrace";
     /// Written on retry records as on dead letters.
     pub const ORIGINAL_CONSUMER_GROUP: &str = super::dlt::ORIGINAL_CONSUMER_GROUP;
-    /// The attempt the record is on its way to (2 on the first retry topic): 4-byte int.
+    /// The attempt the record is on its way to (2 on the first retry topic; on `-dlt`, one past
+    /// the last attempt made): 4-byte int.
     pub const ATTEMPTS: &str = "retry_topic-attempts";
-    /// Not to be processed before this epoch-ms instant: `BigInteger.toByteArray()`.
+    /// Not to be processed before this epoch-ms instant (failure time + the destination's
+    /// delay; the failure time itself on the hop to `-dlt`): `BigInteger.toByteArray()`.
     pub const BACKOFF_TIMESTAMP: &str = "retry_topic-backoff-timestamp";
     /// The original record's timestamp, carried down the chain: `BigInteger.toByteArray()`.
     pub const ORIGINAL_TIMESTAMP_RETRY: &str = "retry_topic-original-timestamp";
 }
 
-/// `*-original-timestamp-type` values.
-pub const CREATE_TIME: &str = "CREATE_TIME";
-pub const LOG_APPEND_TIME: &str = "LOG_APPEND_TIME";
+/// `*-original-timestamp-type`: Java's `TimestampType.toString()`, the name that kafka-clients'
+/// `TimestampType.forName` reads back.
+pub const CREATE_TIME: &str = "CreateTime";
+pub const LOG_APPEND_TIME: &str = "LogAppendTime";
+pub const NO_TIMESTAMP_TYPE: &str = "NoTimestampType";
+
+/// The kind of a record's timestamp, as `*-original-timestamp-type` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TimestampType {
+    NoTimestampType,
+    CreateTime,
+    LogAppendTime,
+}
+
+impl TimestampType {
+    /// The name Spring writes (`TimestampType.toString()`): `CreateTime`, `LogAppendTime`,
+    /// `NoTimestampType`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NoTimestampType => NO_TIMESTAMP_TYPE,
+            Self::CreateTime => CREATE_TIME,
+            Self::LogAppendTime => LOG_APPEND_TIME,
+        }
+    }
+}
+
+impl std::fmt::Display for TimestampType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Reads `*-original-timestamp-type`: Java's names (`CreateTime`, what Spring writes and we
+/// write now) and the enum constants (`CREATE_TIME`, what our dead letters carried before;
+/// they stay in the `-dlt` topics for 30 days).
+pub fn decode_timestamp_type(bytes: &[u8]) -> Result<TimestampType, HeaderDecodeError> {
+    match decode_text(bytes)? {
+        CREATE_TIME | "CREATE_TIME" => Ok(TimestampType::CreateTime),
+        LOG_APPEND_TIME | "LOG_APPEND_TIME" => Ok(TimestampType::LogAppendTime),
+        NO_TIMESTAMP_TYPE | "NO_TIMESTAMP_TYPE" => Ok(TimestampType::NoTimestampType),
+        other => Err(HeaderDecodeError::TimestampType(other.to_owned())),
+    }
+}
 
 /// A header value that is not in the expected encoding.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -60,6 +112,8 @@ pub enum HeaderDecodeError {
     BigIntegerLength(usize),
     #[error("not UTF-8: {0}")]
     Utf8(#[from] std::str::Utf8Error),
+    #[error("unknown timestamp type {0:?}")]
+    TimestampType(String),
 }
 
 /// `*-original-partition`, `retry_topic-attempts`: 4-byte big-endian signed int
@@ -158,6 +212,47 @@ mod tests {
         assert_eq!(decode_big_integer(&[]), Err(HeaderDecodeError::BigIntegerLength(0)));
         assert_eq!(decode_big_integer(&[1; 9]), Err(HeaderDecodeError::BigIntegerLength(9)));
         assert_eq!(decode_big_integer(&[0x80]), Ok(-128));
+    }
+
+    /// Each encoding of the contract's table (`CONTRACT.md` §3), against literal bytes.
+    #[test]
+    fn encodings_match_the_contracts_table_byte_for_byte() {
+        // *-original-timestamp-type: Java's TimestampType.toString()
+        assert_eq!(CREATE_TIME.as_bytes(), b"CreateTime");
+        assert_eq!(LOG_APPEND_TIME.as_bytes(), b"LogAppendTime");
+        assert_eq!(NO_TIMESTAMP_TYPE.as_bytes(), b"NoTimestampType");
+        assert_eq!(TimestampType::CreateTime.as_str().as_bytes(), b"CreateTime");
+        assert_eq!(TimestampType::LogAppendTime.to_string(), "LogAppendTime");
+        // *-original-partition, retry_topic-attempts: 4-byte big-endian int
+        assert_eq!(encode_int(5), [0, 0, 0, 5]);
+        assert_eq!(encode_int(2), [0x00, 0x00, 0x00, 0x02]);
+        assert_eq!(decode_int(&[0, 0, 0, 5]), Ok(5));
+        // *-original-offset, *-original-timestamp: 8-byte big-endian long
+        assert_eq!(encode_long(42), [0, 0, 0, 0, 0, 0, 0, 42]);
+        assert_eq!(encode_long(-1), [0xff; 8]);
+        // 2024-12-03T08:00:00.123Z = 1 733 212 800 123 ms = 0x0193_8b88_847b
+        assert_eq!(encode_long(1_733_212_800_123), [0x00, 0x00, 0x01, 0x93, 0x8b, 0x88, 0x84, 0x7b]);
+        // retry_topic-*-timestamp: BigInteger.toByteArray(), 6 bytes for today's epoch ms
+        assert_eq!(encode_big_integer(1_733_212_800_123), [0x01, 0x93, 0x8b, 0x88, 0x84, 0x7b]);
+        assert_eq!(decode_big_integer(&[0x01, 0x93, 0x8b, 0x88, 0x84, 0x7b]), Ok(1_733_212_800_123));
+        // text headers: UTF-8, e.g. a Rust type path
+        assert_eq!(decode_text(b"http::status::StatusCode"), Ok("http::status::StatusCode"));
+    }
+
+    #[test]
+    fn timestamp_types_are_read_in_both_spellings() {
+        assert_eq!(decode_timestamp_type(b"CreateTime"), Ok(TimestampType::CreateTime));
+        assert_eq!(decode_timestamp_type(b"LogAppendTime"), Ok(TimestampType::LogAppendTime));
+        assert_eq!(decode_timestamp_type(b"NoTimestampType"), Ok(TimestampType::NoTimestampType));
+        // what our dead letters carried before (Java's enum constants)
+        assert_eq!(decode_timestamp_type(b"CREATE_TIME"), Ok(TimestampType::CreateTime));
+        assert_eq!(decode_timestamp_type(b"LOG_APPEND_TIME"), Ok(TimestampType::LogAppendTime));
+        assert_eq!(decode_timestamp_type(b"NO_TIMESTAMP_TYPE"), Ok(TimestampType::NoTimestampType));
+        assert_eq!(
+            decode_timestamp_type(b"createtime"),
+            Err(HeaderDecodeError::TimestampType("createtime".into()))
+        );
+        assert!(decode_timestamp_type(&[0xff]).is_err());
     }
 
     #[test]

@@ -473,14 +473,50 @@ fn store_position(consumer: &KafkaConsumer) {
 
 pub use telemetry::error_chain;
 
-/// The first header called `name` of `message`.
+/// The value of the **last** header called `name` of `message`, as Kafka's
+/// `Headers.lastHeader` reads it: Spring's retry topics append the `retry_topic-*` and
+/// exception headers at every hop, so the last value is the newest hop's (the first one would
+/// release a record before its due time).
 pub fn header<'a>(message: &'a impl Message, name: &str) -> Option<&'a [u8]> {
-    message.headers()?.iter().find(|header| header.key == name).and_then(|header| header.value)
+    message.headers()?.iter().filter(|header| header.key == name).last().and_then(|header| header.value)
+}
+
+/// Every value of the headers called `name`, oldest first (an absent value reads as empty).
+pub fn header_values<'a>(message: &'a impl Message, name: &str) -> Vec<&'a [u8]> {
+    let Some(headers) = message.headers() else { return Vec::new() };
+    headers
+        .iter()
+        .filter(|header| header.key == name)
+        .map(|header| header.value.unwrap_or_default())
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rdkafka::message::{Header, OwnedHeaders};
+
+    #[test]
+    fn a_header_that_occurs_more_than_once_reads_as_its_last_value() {
+        let headers = OwnedHeaders::new()
+            .insert(Header { key: "retry_topic-attempts", value: Some(&[0u8, 0, 0, 2][..]) })
+            .insert(Header { key: "traceparent", value: Some(&b"00-abc"[..]) })
+            .insert(Header { key: "retry_topic-attempts", value: Some(&[0u8, 0, 0, 3][..]) });
+        let record =
+            OwnedMessage::new(None, None, "t".into(), rdkafka::Timestamp::NotAvailable, 0, 0, Some(headers));
+        assert_eq!(header(&record, "retry_topic-attempts"), Some(&[0u8, 0, 0, 3][..]));
+        assert_eq!(header(&record, "traceparent"), Some(&b"00-abc"[..]));
+        assert_eq!(header(&record, "missing"), None);
+        assert_eq!(header_values(&record, "retry_topic-attempts"), vec![&[0u8, 0, 0, 2][..], &[0, 0, 0, 3]]);
+        assert!(header_values(&record, "missing").is_empty());
+        // like lastHeader: a last header without a value hides the earlier ones
+        let nulled = OwnedHeaders::new()
+            .insert(Header { key: "x", value: Some(&b"1"[..]) })
+            .insert(Header::<&[u8]> { key: "x", value: None });
+        let record =
+            OwnedMessage::new(None, None, "t".into(), rdkafka::Timestamp::NotAvailable, 0, 0, Some(nulled));
+        assert_eq!(header(&record, "x"), None);
+    }
 
     fn record(topic: &str, partition: i32, offset: i64) -> OwnedMessage {
         OwnedMessage::new(None, None, topic.into(), rdkafka::Timestamp::NotAvailable, partition, offset, None)

@@ -2,12 +2,19 @@
 //! writes them (`CONTRACT.md` §3, *Headers*).
 //!
 //! A dead letter keeps its original key, payload (byte for byte, even if it is not UTF-8),
-//! headers and partition number, and goes to `<topic>-dlt`. The `kafka_dlt-original-*`
-//! headers are written on the first failure only; the exception headers are replaced.
+//! headers and partition number, and goes to `<topic>-dlt`. As the recoverer's defaults do,
+//! every `kafka_dlt-*` header occurs once: the `kafka_dlt-original-*` headers are written on
+//! the first failure only and kept, the exception headers (`kafka_dlt-exception-*`, the cause
+//! type always among them) are replaced on a later failure. `kafka_dlt-original-timestamp-type`
+//! is Java's `TimestampType.toString()` (`CreateTime`), what kafka-clients'
+//! `TimestampType.forName` reads back; dead letters written before carry `CREATE_TIME`, which
+//! [`contracts::headers::decode_timestamp_type`] reads too.
+//!
+//! (The retry topics' records follow another rule: see [`crate::retry_topic`].)
 
 use rdkafka::message::{Headers, Message, OwnedMessage, Timestamp};
 
-use contracts::headers::{dlt, encode_int, encode_long, CREATE_TIME, LOG_APPEND_TIME};
+use contracts::headers::{dlt, encode_int, encode_long, TimestampType};
 use contracts::topics::dead_letter_topic;
 
 use crate::producer::{Delivered, OutgoingRecord, Producer};
@@ -18,8 +25,10 @@ use crate::Error;
 pub struct Failure {
     /// Our error's type path, e.g. `ledger::error::MalformedEvent`.
     pub exception_fqcn: String,
-    /// The type path of its cause, when there is one.
-    pub cause_fqcn: Option<String>,
+    /// The type path of its cause; never empty: Spring always writes
+    /// `*exception-cause-fqcn`, so a failure with no underlying error names the type that
+    /// stands for what went wrong (e.g. the HTTP status of a webhook's answer).
+    pub cause_fqcn: String,
     /// What was wrong, for an operator.
     pub message: String,
     /// The error and its causes, one per line (Rust has no stack trace to give).
@@ -27,10 +36,10 @@ pub struct Failure {
 }
 
 impl Failure {
-    /// Describes `error`, naming it `exception_fqcn` (and its cause `cause_fqcn`).
+    /// Describes `error`, naming it `exception_fqcn` and its cause `cause_fqcn`.
     pub fn new(
         exception_fqcn: impl Into<String>,
-        cause_fqcn: Option<&str>,
+        cause_fqcn: impl Into<String>,
         error: &(dyn std::error::Error + 'static),
     ) -> Self {
         let exception_fqcn = exception_fqcn.into();
@@ -43,7 +52,7 @@ impl Failure {
         }
         Self {
             exception_fqcn,
-            cause_fqcn: cause_fqcn.map(str::to_owned),
+            cause_fqcn: cause_fqcn.into(),
             message: crate::consumer::error_chain(error),
             stacktrace,
         }
@@ -74,12 +83,7 @@ pub fn dead_letter(record: &OwnedMessage, group: &str, failure: &Failure) -> Out
         headers.push((dlt::ORIGINAL_TIMESTAMP_TYPE.into(), timestamp_type.as_bytes().to_vec()));
         headers.push((dlt::ORIGINAL_CONSUMER_GROUP.into(), group.as_bytes().to_vec()));
     }
-    headers.push((dlt::EXCEPTION_FQCN.into(), failure.exception_fqcn.as_bytes().to_vec()));
-    if let Some(cause) = &failure.cause_fqcn {
-        headers.push((dlt::EXCEPTION_CAUSE_FQCN.into(), cause.as_bytes().to_vec()));
-    }
-    headers.push((dlt::EXCEPTION_MESSAGE.into(), failure.message.as_bytes().to_vec()));
-    headers.push((dlt::EXCEPTION_STACKTRACE.into(), failure.stacktrace.as_bytes().to_vec()));
+    push_exception(&mut headers, failure, &EXCEPTION_HEADERS);
     OutgoingRecord {
         topic: dead_letter_topic(record.topic()),
         partition: Some(record.partition()),
@@ -89,13 +93,23 @@ pub fn dead_letter(record: &OwnedMessage, group: &str, failure: &Failure) -> Out
     }
 }
 
+/// Appends `failure` as `names` (fqcn, cause-fqcn, message, stacktrace: one family's).
+pub(crate) fn push_exception(headers: &mut Vec<(String, Vec<u8>)>, failure: &Failure, names: &[&str; 4]) {
+    let [fqcn, cause, message, stacktrace] = *names;
+    headers.push((fqcn.into(), failure.exception_fqcn.as_bytes().to_vec()));
+    headers.push((cause.into(), failure.cause_fqcn.as_bytes().to_vec()));
+    headers.push((message.into(), failure.message.as_bytes().to_vec()));
+    headers.push((stacktrace.into(), failure.stacktrace.as_bytes().to_vec()));
+}
+
 /// The record's timestamp (epoch ms, -1 when it has none) and its type, as Spring writes them
-/// in `*-original-timestamp` and `*-original-timestamp-type`.
+/// in `*-original-timestamp` and `*-original-timestamp-type` (`record.timestampType()
+/// .toString()`: `CreateTime`, `LogAppendTime`, `NoTimestampType`).
 pub(crate) fn original_timestamp(record: &OwnedMessage) -> (i64, &'static str) {
     match record.timestamp() {
-        Timestamp::CreateTime(ms) => (ms, CREATE_TIME),
-        Timestamp::LogAppendTime(ms) => (ms, LOG_APPEND_TIME),
-        Timestamp::NotAvailable => (-1, "NO_TIMESTAMP_TYPE"),
+        Timestamp::CreateTime(ms) => (ms, TimestampType::CreateTime.as_str()),
+        Timestamp::LogAppendTime(ms) => (ms, TimestampType::LogAppendTime.as_str()),
+        Timestamp::NotAvailable => (-1, TimestampType::NoTimestampType.as_str()),
     }
 }
 
@@ -140,7 +154,7 @@ mod tests {
 
     fn failure() -> Failure {
         let error = Malformed(std::io::Error::other("line 1 column 9"));
-        Failure::new("ledger::error::MalformedEvent", Some("serde_json::Error"), &error)
+        Failure::new("ledger::error::MalformedEvent", "serde_json::Error", &error)
     }
 
     fn source(headers: OwnedHeaders) -> OwnedMessage {
@@ -173,7 +187,7 @@ mod tests {
         assert_eq!(value(&letter, "kafka_dlt-original-partition"), [0, 0, 0, 7]);
         assert_eq!(decode_long(value(&letter, "kafka_dlt-original-offset")), Ok(42));
         assert_eq!(decode_long(value(&letter, "kafka_dlt-original-timestamp")), Ok(1_733_212_800_123));
-        assert_eq!(value(&letter, "kafka_dlt-original-timestamp-type"), b"CREATE_TIME");
+        assert_eq!(value(&letter, "kafka_dlt-original-timestamp-type"), b"CreateTime");
         assert_eq!(value(&letter, "kafka_dlt-original-consumer-group"), b"ledger");
         assert_eq!(value(&letter, "kafka_dlt-exception-fqcn"), b"ledger::error::MalformedEvent");
         assert_eq!(value(&letter, "kafka_dlt-exception-cause-fqcn"), b"serde_json::Error");
@@ -185,6 +199,16 @@ mod tests {
             value(&letter, "kafka_dlt-exception-stacktrace"),
             b"ledger::error::MalformedEvent: missing field `valorEmCentavos`\nCaused by: line 1 column 9"
         );
+    }
+
+    #[test]
+    fn timestamp_types_are_written_as_java_names_them() {
+        let at = |timestamp| OwnedMessage::new(None, None, "t".into(), timestamp, 0, 0, None);
+        assert_eq!(original_timestamp(&at(Timestamp::CreateTime(5))), (5, "CreateTime"));
+        assert_eq!(original_timestamp(&at(Timestamp::LogAppendTime(6))), (6, "LogAppendTime"));
+        assert_eq!(original_timestamp(&at(Timestamp::NotAvailable)), (-1, "NoTimestampType"));
+        let letter = dead_letter(&at(Timestamp::LogAppendTime(6)), "ledger", &failure());
+        assert_eq!(value(&letter, "kafka_dlt-original-timestamp-type"), b"LogAppendTime");
     }
 
     #[test]
@@ -201,7 +225,7 @@ mod tests {
         );
         let again = Failure {
             exception_fqcn: "ledger::error::Other".into(),
-            cause_fqcn: None,
+            cause_fqcn: "sqlx::Error".into(),
             message: "second".into(),
             stacktrace: "second".into(),
         };
@@ -210,8 +234,11 @@ mod tests {
         assert_eq!(count("kafka_dlt-original-offset"), 1);
         assert_eq!(decode_long(value(&letter, "kafka_dlt-original-offset")), Ok(42));
         assert_eq!(decode_int(value(&letter, "kafka_dlt-original-partition")), Ok(7));
-        assert_eq!(count("kafka_dlt-exception-message"), 1);
+        for name in EXCEPTION_HEADERS {
+            assert_eq!(count(name), 1, "{name}");
+        }
+        assert_eq!(count("kafka_dlt-original-timestamp-type"), 1);
         assert_eq!(value(&letter, "kafka_dlt-exception-message"), b"second");
-        assert_eq!(count("kafka_dlt-exception-cause-fqcn"), 0);
+        assert_eq!(value(&letter, "kafka_dlt-exception-cause-fqcn"), b"sqlx::Error");
     }
 }

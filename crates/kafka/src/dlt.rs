@@ -2,7 +2,9 @@
 //! it to where it came from, and count what is still waiting (`dlt_mensagens_retidas`).
 //!
 //! Works for every `<topic>-dlt` of the system: the blocking handlers' dead letters name their
-//! origin in `kafka_dlt-original-topic`, the retry topics' in `kafka_original-topic`.
+//! origin in `kafka_dlt-original-topic`, the retry topics' in `kafka_original-topic`. A header
+//! that occurs more than once (the retry topics append one value per hop, as Spring does) is
+//! read at its last value; a replay copies every value, in order.
 //!
 //! # Replay progress
 //! Kept as committed offsets of the consumer group `pagamentos-dlt-replay` (behind the topic
@@ -24,7 +26,7 @@ use rdkafka::message::{Headers, Message, OwnedMessage};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
-use contracts::headers::{dlt, retry};
+use contracts::headers::{decode_long, decode_timestamp_type, dlt, retry, TimestampType};
 
 use crate::config::{base_consumer_settings, KafkaArgs};
 use crate::consumer::header;
@@ -163,6 +165,8 @@ pub struct Letter {
     pub key: Option<String>,
     pub original_topic: Option<String>,
     pub exception_message: Option<String>,
+    /// The original record's timestamp (epoch ms) and its type, when the headers say.
+    pub original_timestamp: Option<(i64, TimestampType)>,
     /// Record timestamp, epoch ms.
     pub timestamp_ms: Option<i64>,
     pub replayed: bool,
@@ -182,6 +186,7 @@ impl Letter {
             original_topic: original_topic(&record),
             exception_message: text_header(&record, dlt::EXCEPTION_MESSAGE)
                 .or_else(|| text_header(&record, retry::EXCEPTION_MESSAGE)),
+            original_timestamp: original_timestamp(&record),
             timestamp_ms: record.timestamp().to_millis(),
             replayed,
             record,
@@ -196,8 +201,24 @@ pub fn original_topic(record: &OwnedMessage) -> Option<String> {
         .filter(|topic| !topic.is_empty())
 }
 
+/// When the original record of a dead letter was stamped, and how: `kafka_dlt-original-
+/// timestamp(-type)`, else `kafka_original-timestamp(-type)`. Both spellings of the type are
+/// read (`CreateTime`, and `CREATE_TIME` of dead letters written before we wrote Java's name).
+pub fn original_timestamp(record: &OwnedMessage) -> Option<(i64, TimestampType)> {
+    let read = |timestamp: &str, kind: &str| {
+        let at = decode_long(header(record, timestamp)?).ok()?;
+        let kind = decode_timestamp_type(header(record, kind)?).ok()?;
+        Some((at, kind))
+    };
+    read(dlt::ORIGINAL_TIMESTAMP, dlt::ORIGINAL_TIMESTAMP_TYPE)
+        .or_else(|| read(retry::ORIGINAL_TIMESTAMP, retry::ORIGINAL_TIMESTAMP_TYPE))
+}
+
 /// The record replaying `record` (read from `dlt_topic`) to `destination`: same key, payload
-/// and headers, plus [`REPLAYED_FROM`]; the partitioner places it by key, as the original.
+/// and headers (every value of a header that occurs more than once, in order), plus
+/// [`REPLAYED_FROM`]; the partitioner places it by key, as the original. Replayed to a retry
+/// topic (`--to …-retry-1000`) it is due at once: the last `retry_topic-backoff-timestamp` of
+/// a dead letter is the time it was dead-lettered (Spring's and ours alike).
 pub fn replay_record(dlt_topic: &str, record: &OwnedMessage, destination: &str) -> OutgoingRecord {
     let mut headers: Vec<(String, Vec<u8>)> = record
         .headers()
@@ -703,5 +724,67 @@ mod tests {
         assert_eq!(replay_record("x-dlt", &blocking, "y").partition, Some(1));
         let bare = OwnedMessage::new(None, None, "x-dlt".into(), Timestamp::NotAvailable, 0, 0, None);
         assert_eq!(original_topic(&bare), None);
+    }
+
+    fn letter(headers: &[(&str, &[u8])]) -> OwnedMessage {
+        let headers = headers.iter().fold(OwnedHeaders::new(), |headers, (key, value)| {
+            headers.insert(Header { key, value: Some(*value) })
+        });
+        OwnedMessage::new(
+            Some(b"{}".to_vec()),
+            None,
+            "t-dlt".into(),
+            Timestamp::CreateTime(9),
+            0,
+            4,
+            Some(headers),
+        )
+    }
+
+    #[test]
+    fn the_original_timestamp_type_is_read_in_both_spellings() {
+        let at = 1_733_212_800_123i64.to_be_bytes();
+        let old = letter(&[
+            ("kafka_dlt-original-timestamp", &at),
+            ("kafka_dlt-original-timestamp-type", b"CREATE_TIME"),
+        ]);
+        assert_eq!(original_timestamp(&old), Some((1_733_212_800_123, TimestampType::CreateTime)));
+        let new =
+            letter(&[("kafka_original-timestamp", &at), ("kafka_original-timestamp-type", b"LogAppendTime")]);
+        assert_eq!(original_timestamp(&new), Some((1_733_212_800_123, TimestampType::LogAppendTime)));
+        let unknown =
+            letter(&[("kafka_original-timestamp", &at), ("kafka_original-timestamp-type", b"Later")]);
+        assert_eq!(original_timestamp(&unknown), None);
+        assert_eq!(
+            Letter::new(old, false).original_timestamp.map(|(_, kind)| kind.as_str()),
+            Some("CreateTime")
+        );
+    }
+
+    #[test]
+    fn a_letter_with_a_value_per_hop_is_listed_by_its_last_and_replayed_with_all() {
+        let record = letter(&[
+            ("kafka_original-topic", b"transferencias.liquidada"),
+            ("kafka_exception-message", b"first"),
+            ("retry_topic-attempts", &[0, 0, 0, 2]),
+            ("kafka_exception-message", b"last"),
+            ("retry_topic-attempts", &[0, 0, 0, 3]),
+        ]);
+        let listed = Letter::new(record.clone(), false);
+        assert_eq!(listed.exception_message.as_deref(), Some("last"));
+        let out = replay_record("t-dlt", &record, "transferencias.liquidada-retry-1000");
+        let names: Vec<&str> = out.headers.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "kafka_original-topic",
+                "kafka_exception-message",
+                "retry_topic-attempts",
+                "kafka_exception-message",
+                "retry_topic-attempts",
+                REPLAYED_FROM
+            ]
+        );
+        assert_eq!(out.header_values("retry_topic-attempts"), [&[0u8, 0, 0, 2][..], &[0, 0, 0, 3]]);
     }
 }

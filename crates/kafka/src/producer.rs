@@ -38,9 +38,15 @@ impl OutgoingRecord {
         self
     }
 
-    /// The value of the first header called `name`.
+    /// The value of the last header called `name` (as `Headers.lastHeader`: the newest of
+    /// the values a retry record collects hop by hop).
     pub fn header_value(&self, name: &str) -> Option<&[u8]> {
-        self.headers.iter().find(|(key, _)| key == name).map(|(_, value)| value.as_slice())
+        self.headers.iter().rev().find(|(key, _)| key == name).map(|(_, value)| value.as_slice())
+    }
+
+    /// Every value of the headers called `name`, oldest first.
+    pub fn header_values(&self, name: &str) -> Vec<&[u8]> {
+        self.headers.iter().filter(|(key, _)| key == name).map(|(_, value)| value.as_slice()).collect()
     }
 
     pub(crate) fn owned_headers(&self) -> OwnedHeaders {

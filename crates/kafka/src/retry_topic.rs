@@ -15,6 +15,19 @@
 //!
 //! Offsets move only after a record was handled or forwarded and the broker acknowledged the
 //! forward (`acks=all`).
+//!
+//! # Headers, as Spring Kafka 4.x writes and reads them
+//! A forwarded record keeps every header it had. The `kafka_original-*` family and
+//! `kafka_dlt-original-consumer-group` are written once, on the first hop, and kept. Every hop,
+//! the one to `-dlt` included, **appends** one value of each `kafka_exception-*` header (the
+//! cause type always among them) and of `retry_topic-original-timestamp`, `retry_topic-attempts`
+//! (the attempt the record is on its way to: 2 on the first retry topic, one past the last
+//! attempt made on `-dlt`) and `retry_topic-backoff-timestamp` (failure time + the
+//! destination's delay; 0 for `-dlt`, so a dead letter re-driven to a retry topic is due at
+//! once), as Spring's `retainAllRetryHeaderValues` (on by default) does: a record carries one
+//! value per hop. Readers take the **last** value ([`crate::consumer::header`], Kafka's
+//! `Headers.lastHeader`). A stage reads only the backoff timestamp; the attempt it makes is its
+//! own (its place in the chain), not the header's.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
@@ -137,7 +150,6 @@ const EXCEPTION_HEADERS: [&str; 4] = [
     retry::EXCEPTION_MESSAGE,
     retry::EXCEPTION_STACKTRACE,
 ];
-const RETRY_HEADERS: [&str; 3] = [retry::ATTEMPTS, retry::BACKOFF_TIMESTAMP, retry::ORIGINAL_TIMESTAMP_RETRY];
 
 /// Milliseconds since the epoch, now.
 pub fn now_ms() -> i64 {
@@ -146,8 +158,9 @@ pub fn now_ms() -> i64 {
 
 /// The record `record` becomes when attempt `failed` of consumer group `group` failed with
 /// `failure` and it goes to `destination`: same key, payload (byte for byte) and partition
-/// number; the `kafka_original-*` family written on the first hop and kept after; exception
-/// and `retry_topic-*` headers replaced.
+/// number; every header of `record` kept, every value in order; the `kafka_original-*` family
+/// and the consumer group added on the first hop only; one more value of each exception and
+/// `retry_topic-*` header (see the module's *Headers*).
 pub fn forwarded(
     record: &OwnedMessage,
     group: &str,
@@ -156,54 +169,40 @@ pub fn forwarded(
     destination: &Destination,
     now_ms: i64,
 ) -> OutgoingRecord {
-    let mut headers: Vec<(String, Vec<u8>)> = Vec::new();
-    let mut original_retry_timestamp = None;
-    if let Some(original) = record.headers() {
-        for header in original.iter() {
-            if header.key == retry::ORIGINAL_TIMESTAMP_RETRY {
-                original_retry_timestamp = header.value.and_then(|value| decode_big_integer(value).ok());
-            }
-            if EXCEPTION_HEADERS.contains(&header.key) || RETRY_HEADERS.contains(&header.key) {
-                continue;
-            }
-            headers.push((header.key.to_owned(), header.value.unwrap_or_default().to_vec()));
-        }
-    }
+    let mut headers: Vec<(String, Vec<u8>)> = record
+        .headers()
+        .map(|original| {
+            original
+                .iter()
+                .map(|header| (header.key.to_owned(), header.value.unwrap_or_default().to_vec()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let has = |headers: &[(String, Vec<u8>)], name: &str| headers.iter().any(|(key, _)| key == name);
+    crate::dead_letter::push_exception(&mut headers, failure, &EXCEPTION_HEADERS);
     let (timestamp, timestamp_type) = crate::dead_letter::original_timestamp(record);
-    let has = |name: &str, headers: &[(String, Vec<u8>)]| headers.iter().any(|(key, _)| key == name);
-    if !has(retry::ORIGINAL_TOPIC, &headers) {
+    if !has(&headers, retry::ORIGINAL_TOPIC) {
         headers.push((retry::ORIGINAL_TOPIC.into(), record.topic().as_bytes().to_vec()));
         headers.push((retry::ORIGINAL_PARTITION.into(), encode_int(record.partition()).to_vec()));
         headers.push((retry::ORIGINAL_OFFSET.into(), encode_long(record.offset()).to_vec()));
         headers.push((retry::ORIGINAL_TIMESTAMP.into(), encode_long(timestamp).to_vec()));
         headers.push((retry::ORIGINAL_TIMESTAMP_TYPE.into(), timestamp_type.as_bytes().to_vec()));
     }
-    if !has(retry::ORIGINAL_CONSUMER_GROUP, &headers) {
+    if !has(&headers, retry::ORIGINAL_CONSUMER_GROUP) {
         headers.push((retry::ORIGINAL_CONSUMER_GROUP.into(), group.as_bytes().to_vec()));
     }
-    headers.push((retry::EXCEPTION_FQCN.into(), failure.exception_fqcn.as_bytes().to_vec()));
-    if let Some(cause) = &failure.cause_fqcn {
-        headers.push((retry::EXCEPTION_CAUSE_FQCN.into(), cause.as_bytes().to_vec()));
-    }
-    headers.push((retry::EXCEPTION_MESSAGE.into(), failure.message.as_bytes().to_vec()));
-    headers.push((retry::EXCEPTION_STACKTRACE.into(), failure.stacktrace.as_bytes().to_vec()));
-    // Spring: the original record's timestamp, carried down the chain
-    let original_timestamp =
-        original_retry_timestamp.unwrap_or(if timestamp >= 0 { timestamp } else { now_ms });
-    let topic = match destination {
-        Destination::Retry { topic, attempt, delay_ms } => {
-            headers.push((retry::ATTEMPTS.into(), encode_int(*attempt as i32).to_vec()));
-            headers
-                .push((retry::BACKOFF_TIMESTAMP.into(), encode_big_integer(now_ms + i64::from(*delay_ms))));
-            topic
-        }
-        Destination::DeadLetter { topic } => {
-            // the attempts made; no backoff: a re-driven dead letter is due at once
-            headers.push((retry::ATTEMPTS.into(), encode_int(failed as i32).to_vec()));
-            topic
-        }
+    // Spring: the original record's timestamp, carried down the chain (its last value)
+    let original_timestamp = header(record, retry::ORIGINAL_TIMESTAMP_RETRY)
+        .and_then(|value| decode_big_integer(value).ok())
+        .unwrap_or(if timestamp >= 0 { timestamp } else { now_ms });
+    let (topic, delay_ms) = match destination {
+        Destination::Retry { topic, delay_ms, .. } => (topic, i64::from(*delay_ms)),
+        Destination::DeadLetter { topic } => (topic, 0), // Spring's DLT delay: due at once
     };
+    let attempts = i32::try_from(failed.saturating_add(1)).unwrap_or(i32::MAX);
     headers.push((retry::ORIGINAL_TIMESTAMP_RETRY.into(), encode_big_integer(original_timestamp)));
+    headers.push((retry::ATTEMPTS.into(), encode_int(attempts).to_vec()));
+    headers.push((retry::BACKOFF_TIMESTAMP.into(), encode_big_integer(now_ms + delay_ms)));
     OutgoingRecord {
         topic: topic.clone(),
         partition: Some(record.partition()),
@@ -213,8 +212,8 @@ pub fn forwarded(
     }
 }
 
-/// When `record` may be processed: its `retry_topic-backoff-timestamp` (epoch ms), or now
-/// when it has none or an unreadable one.
+/// When `record` may be processed: its last `retry_topic-backoff-timestamp` (epoch ms; the
+/// newest hop's), or now when it has none or an unreadable one.
 pub fn due_at_ms(record: &OwnedMessage) -> Option<i64> {
     header(record, retry::BACKOFF_TIMESTAMP).and_then(|value| decode_big_integer(value).ok())
 }
@@ -522,7 +521,7 @@ mod tests {
     fn failure(message: &str) -> Failure {
         Failure {
             exception_fqcn: "notifications::webhook::Unavailable".into(),
-            cause_fqcn: None,
+            cause_fqcn: "http::status::StatusCode".into(),
             message: message.into(),
             stacktrace: message.into(),
         }
@@ -597,7 +596,7 @@ mod tests {
         assert_eq!(decode_int(value(&out, "kafka_original-partition")), Ok(5));
         assert_eq!(decode_long(value(&out, "kafka_original-offset")), Ok(42));
         assert_eq!(decode_long(value(&out, "kafka_original-timestamp")), Ok(1_800_000_000_000));
-        assert_eq!(value(&out, "kafka_original-timestamp-type"), b"CREATE_TIME");
+        assert_eq!(value(&out, "kafka_original-timestamp-type"), b"CreateTime");
         assert_eq!(value(&out, "kafka_dlt-original-consumer-group"), b"notificacoes");
         assert_eq!(value(&out, "kafka_exception-message"), b"503");
         assert_eq!(decode_int(value(&out, "retry_topic-attempts")), Ok(2));
@@ -606,49 +605,150 @@ mod tests {
         assert_eq!(decode_big_integer(value(&out, "retry_topic-original-timestamp")), Ok(1_800_000_000_000));
     }
 
+    /// `out` as the next stage receives it: `topic`, a new offset and timestamp.
+    fn received(out: &OutgoingRecord, offset: i64, timestamp_ms: i64) -> OwnedMessage {
+        OwnedMessage::new(
+            Some(out.payload.clone()),
+            out.key.clone(),
+            out.topic.clone(),
+            Timestamp::CreateTime(timestamp_ms),
+            out.partition.unwrap_or(0), // a replay leaves it to the partitioner
+            offset,
+            Some(out.owned_headers()),
+        )
+    }
+
+    fn ints(record: &OutgoingRecord, name: &str) -> Vec<i32> {
+        record.header_values(name).into_iter().map(|value| decode_int(value).expect("int")).collect()
+    }
+
+    fn big_integers(record: &OutgoingRecord, name: &str) -> Vec<i64> {
+        record.header_values(name).into_iter().map(|value| decode_big_integer(value).expect("big")).collect()
+    }
+
     #[test]
-    fn later_hops_keep_the_original_and_replace_the_rest() {
-        let first = forwarded(
-            &record("transferencias.liquidada", 5, 42, None),
-            "notificacoes",
-            &failure("first"),
-            1,
-            &chain().after_failure("transferencias.liquidada", 1),
-            1_900_000_000_000,
+    fn every_hop_appends_the_retry_and_exception_headers_and_keeps_the_original_once() {
+        let base = "transferencias.liquidada";
+        let failed_at = [1_900_000_000_000, 1_900_000_001_010, 1_900_000_003_020, 1_900_000_007_030];
+        let groups =
+            ["notificacoes", "notificacoes-retry-1000", "notificacoes-retry-2000", "notificacoes-retry-4000"];
+        let mut current = record(base, 5, 42, None);
+        let mut hops = Vec::new();
+        for (index, (&now, group)) in failed_at.iter().zip(groups).enumerate() {
+            let failed = index as u32 + 1;
+            let destination = chain().after_failure(base, failed);
+            let out =
+                forwarded(&current, group, &failure(&format!("503 #{failed}")), failed, &destination, now);
+            current = received(&out, 100 + index as i64, now + 5);
+            hops.push(out);
+        }
+        let topics: Vec<&str> = hops.iter().map(|hop| hop.topic.as_str()).collect();
+        assert_eq!(
+            topics,
+            [
+                "transferencias.liquidada-retry-1000",
+                "transferencias.liquidada-retry-2000",
+                "transferencias.liquidada-retry-4000",
+                "transferencias.liquidada-dlt"
+            ]
         );
-        let headers = first.headers.iter().fold(OwnedHeaders::new(), |headers, (key, value)| {
-            headers.insert(Header { key, value: Some(value) })
-        });
-        let on_retry = OwnedMessage::new(
-            Some(first.payload.clone()),
-            first.key.clone(),
-            first.topic.clone(),
-            Timestamp::CreateTime(1_900_000_000_100),
-            5,
-            7,
-            Some(headers),
+        // attempts: one value a hop, the last the attempt the record is on its way to; on
+        // -dlt one past the fourth and last attempt, as Spring writes it
+        assert_eq!(ints(&hops[0], "retry_topic-attempts"), [2]);
+        assert_eq!(ints(&hops[1], "retry_topic-attempts"), [2, 3]);
+        assert_eq!(ints(&hops[2], "retry_topic-attempts"), [2, 3, 4]);
+        assert_eq!(ints(&hops[3], "retry_topic-attempts"), [2, 3, 4, 5]);
+        // backoff: failure time + the destination's delay; + 0 for -dlt
+        assert_eq!(
+            big_integers(&hops[3], "retry_topic-backoff-timestamp"),
+            [1_900_000_001_000, 1_900_000_003_010, 1_900_000_007_020, 1_900_000_007_030]
         );
-        let second = chain().after_failure("transferencias.liquidada", 4);
-        let out =
-            forwarded(&on_retry, "notificacoes-retry-4000", &failure("last"), 4, &second, 1_900_000_009_000);
-        assert_eq!(out.topic, "transferencias.liquidada-dlt");
-        assert_eq!(out.partition, Some(5));
+        assert_eq!(big_integers(&hops[3], "retry_topic-original-timestamp"), [1_800_000_000_000; 4]);
+        // the literal bytes of the last values on -dlt
+        assert_eq!(hops[3].header_value("retry_topic-attempts"), Some(&[0u8, 0, 0, 5][..]));
+        assert_eq!(
+            hops[3].header_value("retry_topic-backoff-timestamp"),
+            Some(&encode_big_integer(1_900_000_007_030)[..])
+        );
+        assert_eq!(hops[3].header_value("retry_topic-backoff-timestamp").map(<[u8]>::len), Some(6));
+        // exception headers: one value a hop, the cause type included
+        for name in EXCEPTION_HEADERS {
+            assert_eq!(count(&hops[1], name), 2, "{name}");
+            assert_eq!(count(&hops[3], name), 4, "{name}");
+        }
+        assert_eq!(value(&hops[3], "kafka_exception-message"), b"503 #4");
+        assert_eq!(hops[3].header_values("kafka_exception-message")[0], b"503 #1");
+        assert_eq!(value(&hops[3], "kafka_exception-cause-fqcn"), b"http::status::StatusCode");
+        // the original family and the group: once, from the first hop
         for name in [
             "kafka_original-topic",
+            "kafka_original-partition",
             "kafka_original-offset",
+            "kafka_original-timestamp",
+            "kafka_original-timestamp-type",
             "kafka_dlt-original-consumer-group",
-            "kafka_exception-message",
-            "retry_topic-attempts",
-            "retry_topic-original-timestamp",
         ] {
-            assert_eq!(count(&out, name), 1, "{name}");
+            assert_eq!(count(&hops[3], name), 1, "{name}");
         }
-        assert_eq!(decode_long(value(&out, "kafka_original-offset")), Ok(42));
-        assert_eq!(value(&out, "kafka_dlt-original-consumer-group"), b"notificacoes");
-        assert_eq!(value(&out, "kafka_exception-message"), b"last");
-        assert_eq!(decode_int(value(&out, "retry_topic-attempts")), Ok(4));
-        assert_eq!(count(&out, "retry_topic-backoff-timestamp"), 0);
-        assert_eq!(decode_big_integer(value(&out, "retry_topic-original-timestamp")), Ok(1_800_000_000_000));
+        assert_eq!(decode_long(value(&hops[3], "kafka_original-offset")), Ok(42));
+        assert_eq!(value(&hops[3], "kafka_original-timestamp-type"), b"CreateTime");
+        assert_eq!(value(&hops[3], "kafka_dlt-original-consumer-group"), b"notificacoes");
+        assert!(hops.iter().all(|hop| hop.partition == Some(5)));
+    }
+
+    #[test]
+    fn a_failure_no_retry_fixes_goes_to_the_dead_letter_topic_one_attempt_on() {
+        let first = forwarded(
+            &record("t", 0, 1, None),
+            "g",
+            &failure("503"),
+            1,
+            &chain().after_failure("t", 1),
+            1_900_000_000_000,
+        );
+        // attempt 2 answers 400: straight to -dlt, attempts 3, backoff = now
+        let reject = Destination::DeadLetter { topic: "t-dlt".into() };
+        let out = forwarded(
+            &received(&first, 9, 1_900_000_001_005),
+            "g-retry-1000",
+            &failure("400"),
+            2,
+            &reject,
+            1_900_000_001_020,
+        );
+        assert_eq!(out.topic, "t-dlt");
+        assert_eq!(ints(&out, "retry_topic-attempts"), [2, 3]);
+        assert_eq!(
+            big_integers(&out, "retry_topic-backoff-timestamp"),
+            [1_900_000_001_000, 1_900_000_001_020]
+        );
+        // rejected by the main stage: attempts 2 and a backoff timestamp
+        let at_once =
+            forwarded(&record("t", 0, 1, None), "g", &failure("400"), 1, &reject, 1_900_000_000_000);
+        assert_eq!(ints(&at_once, "retry_topic-attempts"), [2]);
+        assert_eq!(big_integers(&at_once, "retry_topic-backoff-timestamp"), [1_900_000_000_000]);
+    }
+
+    #[test]
+    fn a_dead_letter_redriven_to_a_retry_topic_is_due_at_once() {
+        let now = now_ms();
+        let mut current = record("t", 0, 1, None);
+        for failed in 1..=4 {
+            let out =
+                forwarded(&current, "g", &failure("503"), failed, &chain().after_failure("t", failed), now);
+            current = received(&out, i64::from(failed), now);
+        }
+        assert_eq!(current.topic(), "t-dlt");
+        // `pagamentos dlt replay --to t-retry-1000` copies every header, in order
+        let replayed = crate::dlt::replay_record("t-dlt", &current, "t-retry-1000");
+        let on_retry = received(&replayed, 0, now + 10);
+        let due = due_at_ms(&on_retry).expect("a backoff timestamp");
+        assert!(due <= now, "due {} ms after it was dead-lettered", due - now);
+        // the first value (1 s after the first failure) would hold it back
+        assert_eq!(
+            decode_big_integer(replayed.header_values("retry_topic-backoff-timestamp")[0]),
+            Ok(now + 1000)
+        );
     }
 
     #[test]
@@ -662,5 +762,16 @@ mod tests {
         let garbage = OwnedHeaders::new()
             .insert(Header { key: "retry_topic-backoff-timestamp", value: Some(&[1u8; 9][..]) });
         assert_eq!(due_at_ms(&record("t-retry-1000", 0, 0, Some(garbage))), None);
+        // two hops' values: the last one decides (Spring's lastHeader)
+        let two = OwnedHeaders::new()
+            .insert(Header {
+                key: "retry_topic-backoff-timestamp",
+                value: Some(&encode_big_integer(1_900_000_001_000)),
+            })
+            .insert(Header {
+                key: "retry_topic-backoff-timestamp",
+                value: Some(&encode_big_integer(1_900_000_003_000)),
+            });
+        assert_eq!(due_at_ms(&record("t-retry-2000", 0, 0, Some(two))), Some(1_900_000_003_000));
     }
 }

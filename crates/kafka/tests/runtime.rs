@@ -8,7 +8,7 @@ use rdkafka::message::{Headers, Message, OwnedMessage};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
-use contracts::headers::{decode_int, decode_long};
+use contracts::headers::{decode_int, decode_long, decode_timestamp_type, TimestampType};
 use kafka::config::{consumer_config, producer_config, transactional_producer_config, OffsetCommit};
 use kafka::consumer::{self, Backoff, Handler, KafkaConsumer, LoopOptions};
 use kafka::dead_letter::{DeadLetterPublisher, Failure};
@@ -164,7 +164,7 @@ async fn dead_letters_keep_the_record_and_carry_springs_headers() {
     #[derive(Debug, thiserror::Error)]
     #[error("expected value at line 1 column 1")]
     struct NotJson;
-    let failure = Failure::new("ledger::error::MalformedEvent", Some("serde_json::Error"), &NotJson);
+    let failure = Failure::new("ledger::error::MalformedEvent", "serde_json::Error", &NotJson);
     DeadLetterPublisher::new(plain.clone(), &group)
         .publish(&record, &failure)
         .await
@@ -187,7 +187,11 @@ async fn dead_letters_keep_the_record_and_carry_springs_headers() {
     assert_eq!(decode_int(&header("kafka_dlt-original-partition")), Ok(1));
     let timestamp = decode_long(&header("kafka_dlt-original-timestamp")).expect("8 bytes");
     assert_eq!(Some(timestamp), record.timestamp().to_millis());
-    assert_eq!(header("kafka_dlt-original-timestamp-type"), b"CREATE_TIME");
+    assert_eq!(header("kafka_dlt-original-timestamp-type"), b"CreateTime");
+    assert_eq!(
+        decode_timestamp_type(&header("kafka_dlt-original-timestamp-type")),
+        Ok(TimestampType::CreateTime)
+    );
     assert_eq!(header("kafka_dlt-original-consumer-group"), group.as_bytes());
     assert_eq!(header("kafka_dlt-exception-fqcn"), b"ledger::error::MalformedEvent");
     assert_eq!(header("kafka_dlt-exception-cause-fqcn"), b"serde_json::Error");

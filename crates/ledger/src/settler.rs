@@ -100,18 +100,13 @@ impl Settler {
                     Err(error) => match error.kind() {
                         FailureKind::Infrastructure => return Err(error),
                         FailureKind::Permanent => {
-                            failed.push((
-                                *record,
-                                Failure::new(UNPROCESSABLE, Some(cause_name(&error)), &error),
-                            ));
+                            failed.push((*record, Failure::new(UNPROCESSABLE, cause_name(&error), &error)));
                             break;
                         }
                         FailureKind::Transient if attempt >= self.retry.retries => {
                             tracing::warn!(transfer_id = %request.transfer.transfer_id, attempts = attempt + 1, error = %telemetry::error_chain(&error), "retries exhausted");
-                            failed.push((
-                                *record,
-                                Failure::new(RETRIES_EXHAUSTED, Some(cause_name(&error)), &error),
-                            ));
+                            failed
+                                .push((*record, Failure::new(RETRIES_EXHAUSTED, cause_name(&error), &error)));
                             break;
                         }
                         FailureKind::Transient => {
@@ -208,7 +203,7 @@ impl Handler for Settler {
             match decode(record) {
                 Ok(request) => requests.push((record, request)),
                 Err(error) => {
-                    failed.push((record, Failure::new(MALFORMED_EVENT, Some("serde_json::Error"), &error)))
+                    failed.push((record, Failure::new(MALFORMED_EVENT, "serde_json::Error", &error)))
                 }
             }
         }

@@ -56,9 +56,7 @@ impl Attempt for Notifier {
     async fn attempt(&self, record: &OwnedMessage) -> Verdict {
         let outcome = match self.decode(record) {
             Ok(outcome) => outcome,
-            Err(error) => {
-                return Verdict::Reject(Failure::new(MALFORMED_EVENT, Some("serde_json::Error"), &error))
-            }
+            Err(error) => return Verdict::Reject(Failure::new(MALFORMED_EVENT, "serde_json::Error", &error)),
         };
         let span = tracing::info_span!(
             "notificacoes.entregar",

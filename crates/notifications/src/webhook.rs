@@ -132,11 +132,13 @@ impl DeliveryError {
         }
     }
 
-    /// The type path of the cause, when there is one.
-    pub fn cause_fqcn(&self) -> Option<&'static str> {
+    /// The type path of the cause (`kafka_exception-cause-fqcn`, which Spring always writes):
+    /// for a status answer there is no underlying error, so the status code's own type stands
+    /// for it.
+    pub fn cause_fqcn(&self) -> &'static str {
         match self {
-            Self::Status { .. } => None,
-            _ => Some("reqwest::Error"),
+            Self::Status { .. } => std::any::type_name::<StatusCode>(),
+            _ => "reqwest::Error",
         }
     }
 }
@@ -332,7 +334,7 @@ mod tests {
     fn failures_name_their_kind() {
         let server = DeliveryError::Status { status: StatusCode::SERVICE_UNAVAILABLE };
         assert_eq!(server.fqcn(), "notifications::webhook::ServerError");
-        assert_eq!(server.cause_fqcn(), None);
+        assert_eq!(server.cause_fqcn(), "http::status::StatusCode");
         assert_eq!(server.to_string(), "webhook answered 503 Service Unavailable");
         let client = DeliveryError::Status { status: StatusCode::BAD_REQUEST };
         assert_eq!(client.fqcn(), "notifications::webhook::ClientError");

@@ -2,7 +2,7 @@
 //! retry topics with their real delays, dead letters, and nothing blocked by a failing record.
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kafka::producer::{OutgoingRecord, Producer};
 use kafka::rdkafka::consumer::Consumer;
@@ -12,8 +12,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
-use contracts::headers::{decode_big_integer, decode_int, decode_text};
+use contracts::headers::{
+    decode_big_integer, decode_int, decode_text, encode_big_integer, encode_int, encode_long,
+};
 use contracts::topics;
+use kafka::retry_topic::now_ms;
 use testkit::webhook::{Receiver, Reply};
 use testkit::TestTopics;
 
@@ -113,8 +116,14 @@ fn gap(calls: &[testkit::webhook::Call], index: usize) -> Duration {
     calls[index + 1].at.duration_since(calls[index].at)
 }
 
+/// The last value of header `name` (as Spring's `lastHeader`).
 fn header<'a>(record: &'a OwnedMessage, name: &str) -> &'a [u8] {
     kafka::consumer::header(record, name).unwrap_or_else(|| panic!("header {name} missing"))
+}
+
+/// Every value of header `name`, oldest first.
+fn values<'a>(record: &'a OwnedMessage, name: &str) -> impl Iterator<Item = &'a [u8]> {
+    kafka::consumer::header_values(record, name).into_iter()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -172,10 +181,45 @@ async fn an_always_failing_receiver_gets_four_calls_then_the_record_is_dead_lett
     let settled = running.topics.topic(topics::SETTLED);
     assert_eq!(decode_text(header(letter, "kafka_original-topic")), Ok(settled.as_str()));
     assert_eq!(decode_int(header(letter, "kafka_original-partition")), Ok(letter.partition()));
-    assert_eq!(decode_int(header(letter, "retry_topic-attempts")), Ok(4));
+    // one value a hop, as Spring 4.x appends them; the last is the hop to -dlt: one past the
+    // fourth attempt, backoff = the time it was dead-lettered (so a replay is due at once)
+    let attempts: Vec<i32> =
+        values(letter, "retry_topic-attempts").map(|value| decode_int(value).expect("int")).collect();
+    assert_eq!(attempts, [2, 3, 4, 5]);
+    assert_eq!(decode_int(header(letter, "retry_topic-attempts")), Ok(5));
+    let backoffs: Vec<i64> = values(letter, "retry_topic-backoff-timestamp")
+        .map(|value| decode_big_integer(value).expect("big"))
+        .collect();
+    assert_eq!(backoffs.len(), 4, "{backoffs:?}");
+    assert!(backoffs.windows(2).all(|pair| pair[0] < pair[1]), "{backoffs:?}");
+    let dead_lettered_at = letter.timestamp().to_millis().expect("timestamp");
+    assert!(
+        backoffs[3] <= dead_lettered_at,
+        "last backoff {} after the dead letter's timestamp {dead_lettered_at}",
+        backoffs[3]
+    );
+    assert_eq!(values(letter, "retry_topic-original-timestamp").count(), 4);
     assert!(decode_big_integer(header(letter, "retry_topic-original-timestamp")).is_ok());
+    for name in [
+        "kafka_exception-fqcn",
+        "kafka_exception-cause-fqcn",
+        "kafka_exception-message",
+        "kafka_exception-stacktrace",
+    ] {
+        assert_eq!(values(letter, name).count(), 4, "{name}");
+    }
     assert_eq!(header(letter, "kafka_exception-fqcn"), b"notifications::webhook::ServerError");
+    assert_eq!(header(letter, "kafka_exception-cause-fqcn"), b"http::status::StatusCode");
     assert_eq!(header(letter, "kafka_exception-message"), b"webhook answered 503 Service Unavailable");
+    assert_eq!(header(letter, "kafka_original-timestamp-type"), b"CreateTime");
+    for name in [
+        "kafka_original-topic",
+        "kafka_original-offset",
+        "kafka_original-timestamp-type",
+        "kafka_dlt-original-consumer-group",
+    ] {
+        assert_eq!(values(letter, name).count(), 1, "{name}");
+    }
     let group = running.topics.args.group("notificacoes");
     assert_eq!(decode_text(header(letter, "kafka_dlt-original-consumer-group")), Ok(group.as_str()));
 
@@ -203,6 +247,78 @@ async fn an_always_failing_receiver_gets_four_calls_then_the_record_is_dead_lett
     running.stop().await;
 }
 
+/// A record on `<settled>-retry-1000` as Spring Kafka 4.x writes it after two hops: every
+/// `retry_topic-*` and exception header twice (`retainAllRetryHeaderValues`), the originals once.
+fn spring_retry_record(
+    running: &Running,
+    key: &str,
+    event: Uuid,
+    backoffs_ms: [i64; 2],
+    original_ms: i64,
+) -> OutgoingRecord {
+    let settled = running.topics.topic(topics::SETTLED);
+    let payload =
+        json!({"eventoId": event, "transferenciaId": Uuid::new_v4(), "liquidadaEm": "2026-12-04T10:00:00Z"});
+    let mut record = OutgoingRecord::new(topics::retry_topic(&settled, 1000), key, payload.to_string())
+        .header("kafka_original-topic", settled.as_str())
+        .header("kafka_original-partition", encode_int(0).to_vec())
+        .header("kafka_original-offset", encode_long(17).to_vec())
+        .header("kafka_original-timestamp", encode_long(original_ms).to_vec())
+        .header("kafka_original-timestamp-type", "CreateTime")
+        .header("kafka_dlt-original-consumer-group", running.topics.args.group("notificacoes"));
+    for (hop, backoff_ms) in backoffs_ms.into_iter().enumerate() {
+        record = record
+            .header(
+                "kafka_exception-fqcn",
+                "org.springframework.kafka.listener.ListenerExecutionFailedException",
+            )
+            .header("kafka_exception-cause-fqcn", "org.springframework.web.client.HttpServerErrorException")
+            .header("kafka_exception-message", format!("503 on hop {hop}"))
+            .header("kafka_exception-stacktrace", "…")
+            .header("retry_topic-original-timestamp", encode_big_integer(original_ms))
+            .header("retry_topic-attempts", encode_int(hop as i32 + 2).to_vec())
+            .header("retry_topic-backoff-timestamp", encode_big_integer(backoff_ms));
+    }
+    record
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spring_retry_record_is_not_delivered_before_its_last_backoff_timestamp() {
+    let running = Running::start(2_000).await;
+    let key = "CC-006";
+    // a marker due at once, on the same partition: once it is delivered, the retry-1000 stage
+    // owns that partition and reads it, so nothing below waits on a group join
+    let marker = Uuid::new_v4();
+    let long_ago = now_ms() - 60_000;
+    running
+        .producer
+        .send(&spring_retry_record(&running, key, marker, [long_ago, long_ago], long_ago))
+        .await
+        .expect("marker");
+    running.wait_calls(marker, 1, Duration::from_secs(60)).await;
+
+    // the first backoff value long past, the last 4 s ahead: due at the last
+    let event = Uuid::new_v4();
+    let before = Instant::now();
+    let wall_ns = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_nanos();
+    let now = (wall_ns / 1_000_000) as i64;
+    let due = now + 4_000;
+    let record = spring_retry_record(&running, key, event, [now - 59_000, due], now - 60_000);
+    running.producer.send(&record).await.expect("publish");
+
+    let calls = running.wait_calls(event, 1, Duration::from_secs(30)).await;
+    // the due instant on this clock, never later than the true one (`before` precedes the
+    // wall-clock reading): a delivery at or after it honoured the last value
+    let due_at = before + Duration::from_nanos((due as u128 * 1_000_000 - wall_ns) as u64);
+    assert!(
+        calls[0].at >= due_at,
+        "delivered {:?} before its last retry_topic-backoff-timestamp",
+        due_at.duration_since(calls[0].at)
+    );
+    eprintln!("delivered {:?} after its last backoff timestamp", calls[0].at.duration_since(due_at));
+    running.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_error_is_dead_lettered_after_one_call_and_garbage_after_none() {
     let running = Running::start(2_000).await;
@@ -218,7 +334,14 @@ async fn a_client_error_is_dead_lettered_after_one_call_and_garbage_after_none()
     assert!(by_message.contains(&&b"notifications::notifier::MalformedEvent"[..]), "{by_message:?}");
     let garbage =
         letters.iter().find(|letter| letter.payload() == Some(&b"{not json"[..])).expect("garbage letter");
-    assert_eq!(decode_int(header(garbage, "retry_topic-attempts")), Ok(1));
+    // rejected by the first attempt: on its way to attempt 2, due at once
+    assert_eq!(decode_int(header(garbage, "retry_topic-attempts")), Ok(2));
+    let due = decode_big_integer(header(garbage, "retry_topic-backoff-timestamp")).expect("backoff");
+    assert!(due <= garbage.timestamp().to_millis().expect("timestamp"));
+    let refused =
+        letters.iter().find(|letter| letter.payload() != Some(&b"{not json"[..])).expect("refused letter");
+    assert_eq!(header(refused, "kafka_exception-cause-fqcn"), b"http::status::StatusCode");
+    assert_eq!(header(garbage, "kafka_exception-cause-fqcn"), b"serde_json::Error");
     // nothing more: one call for the 400, none for the garbage
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(running.receiver.calls_for(event).len(), 1);

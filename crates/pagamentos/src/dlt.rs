@@ -190,6 +190,8 @@ fn letter_json(letter: &Letter) -> serde_json::Value {
         "key": letter.key,
         "originalTopic": letter.original_topic,
         "exceptionMessage": letter.exception_message,
+        "originalTimestampMs": letter.original_timestamp.map(|(at, _)| at),
+        "originalTimestampType": letter.original_timestamp.map(|(_, kind)| kind.as_str()),
         "timestampMs": letter.timestamp_ms,
         "ageSeconds": letter.timestamp_ms.map(|at| (kafka::retry_topic::now_ms() - at).max(0) / 1000),
         "replayed": letter.replayed,

@@ -12,7 +12,10 @@ use serde_json::{json, Value};
 use tokio::process::Child;
 use uuid::Uuid;
 
+use contracts::headers::{encode_big_integer, encode_int, encode_long};
 use contracts::topics;
+use kafka::rdkafka::message::{Headers, Message};
+use kafka::retry_topic::now_ms;
 use testkit::webhook::{Receiver, Reply};
 use testkit::TestTopics;
 
@@ -193,6 +196,129 @@ async fn dead_letters_are_replayed_once_and_never_twice() {
     assert_eq!(receiver.calls().len(), 6, "each refused notification called twice, no more");
     let (_, stdout, _) = dlt(&topics, &["list", "transferencias.liquidada-dlt", "--json"]).await;
     assert_eq!(serde_json::from_str::<Value>(&stdout).expect("json"), json!([]));
+    kill(&mut service).await;
+}
+
+/// A dead letter of `topics::SETTLED` as Spring Kafka 4.x writes it after four failed attempts:
+/// the originals once, every `retry_topic-*` and exception header once a hop (the hop to -dlt
+/// included: attempts 5, backoff = the time it was dead-lettered), oldest first.
+fn spring_dead_letter(topics: &TestTopics, key: &str, event: Uuid, dead_lettered_ms: i64) -> OutgoingRecord {
+    let settled = topics.topic(topics::SETTLED);
+    let payload =
+        json!({"eventoId": event, "transferenciaId": Uuid::new_v4(), "liquidadaEm": "2026-12-04T10:00:00Z"});
+    let original_ms = dead_lettered_ms - 7_300;
+    let mut record =
+        OutgoingRecord::new(topics.topic("transferencias.liquidada-dlt"), key, payload.to_string())
+            .header("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+            .header("kafka_original-topic", settled.as_str())
+            .header("kafka_original-partition", encode_int(1).to_vec())
+            .header("kafka_original-offset", encode_long(41).to_vec())
+            .header("kafka_original-timestamp", encode_long(original_ms).to_vec())
+            .header("kafka_original-timestamp-type", "CreateTime")
+            .header("kafka_dlt-original-consumer-group", topics.args.group("notificacoes"));
+    // failures at +0, +1.1 s, +3.2 s, +7.3 s; delays 1 s, 2 s, 4 s, then 0 to -dlt
+    for (hop, (failed_after_ms, delay_ms)) in
+        [(0, 1_000), (1_100, 2_000), (3_200, 4_000), (7_300, 0)].into_iter().enumerate()
+    {
+        record = record
+            .header(
+                "kafka_exception-fqcn",
+                "org.springframework.kafka.listener.ListenerExecutionFailedException",
+            )
+            .header("kafka_exception-cause-fqcn", "org.springframework.web.client.HttpServerErrorException")
+            .header("kafka_exception-message", format!("503 on attempt {}", hop + 1))
+            .header(
+                "kafka_exception-stacktrace",
+                "org.springframework.kafka.listener.ListenerExecutionFailedException: …",
+            )
+            .header("retry_topic-original-timestamp", encode_big_integer(original_ms))
+            .header("retry_topic-attempts", encode_int(hop as i32 + 2).to_vec())
+            .header(
+                "retry_topic-backoff-timestamp",
+                encode_big_integer(original_ms + failed_after_ms + delay_ms),
+            );
+    }
+    record
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spring_dead_letter_with_a_value_per_hop_is_listed_by_its_last_and_replayed_whole() {
+    testkit::init_logs();
+    let topics = TestTopics::plan(3).await;
+    let (receiver, url) = Receiver::start().await;
+    let producer = producer(&topics);
+    let mut service = notifications(&topics, &url);
+
+    let event = Uuid::new_v4();
+    let letter = spring_dead_letter(&topics, "CC-007", event, now_ms() - 1_000);
+    let delivered = producer.send(&letter).await.expect("publish the Spring dead letter");
+    // and one from before #23, whose timestamp type is spelled CREATE_TIME
+    let old = OutgoingRecord::new(topics.topic("transferencias.liquidada-dlt"), "CC-008", "{}")
+        .header("kafka_dlt-original-topic", topics.topic(topics::SETTLED))
+        .header("kafka_dlt-original-timestamp", encode_long(1_733_212_800_123).to_vec())
+        .header("kafka_dlt-original-timestamp-type", "CREATE_TIME")
+        .header("kafka_dlt-exception-message", "malformed");
+    producer.send(&old).await.expect("publish the old dead letter");
+
+    // listed by the last value of each header, both timestamp spellings read
+    let (code, stdout, stderr) = dlt(&topics, &["list", "transferencias.liquidada-dlt", "--json"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    let letters: Value = serde_json::from_str(&stdout).expect("json");
+    let listed = |key: &str| {
+        letters
+            .as_array()
+            .expect("array")
+            .iter()
+            .find(|letter| letter["key"] == key)
+            .cloned()
+            .expect("listed")
+    };
+    let spring = listed("CC-007");
+    assert_eq!(spring["exceptionMessage"], "503 on attempt 4", "{spring}");
+    assert_eq!(spring["originalTopic"], topics.topic(topics::SETTLED));
+    assert_eq!(spring["originalTimestampType"], "CreateTime");
+    let before = listed("CC-008");
+    assert_eq!(before["originalTimestampType"], "CreateTime", "{before}");
+    assert_eq!(before["originalTimestampMs"], 1_733_212_800_123_i64);
+
+    // re-driven to retry-1000 only: every value of every header travels, in order
+    let replayed_at = now_ms();
+    let (partition, offset) = (delivered.partition.to_string(), delivered.offset.to_string());
+    let to = ["replay", "transferencias.liquidada-dlt", "--partition", &partition, "--offset", &offset];
+    let (code, stdout, stderr) =
+        dlt(&topics, &[&to[..], &["--to", "transferencias.liquidada-retry-1000"]].concat()).await;
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let retry = topics.topic("transferencias.liquidada-retry-1000");
+    let reader = kafka::consumer::subscribe(
+        &kafka::config::consumer_config(
+            &topics.args,
+            "test",
+            &testkit::unique("reader"),
+            kafka::config::OffsetCommit::StoredAfterHandling,
+        ),
+        &[&retry],
+    )
+    .expect("reader");
+    let replayed = testkit::receive(&reader, 1).await.remove(0);
+    let headers: Vec<(String, Vec<u8>)> = replayed
+        .headers()
+        .expect("headers")
+        .iter()
+        .map(|header| (header.key.to_owned(), header.value.unwrap_or_default().to_vec()))
+        .collect();
+    let mut expected = letter.headers.clone();
+    expected.push((
+        kafka::dlt::REPLAYED_FROM.to_owned(),
+        format!("{}/{partition}/{offset}", topics.topic("transferencias.liquidada-dlt")).into_bytes(),
+    ));
+    assert_eq!(headers, expected, "the replayed record's headers");
+    // due at once: its last backoff value is the time it was dead-lettered
+    let due = kafka::retry_topic::due_at_ms(&replayed).expect("a backoff timestamp");
+    assert!(due < replayed_at, "due {} ms after the replay", due - replayed_at);
+    testkit::eventually("the replayed notification delivered", Duration::from_secs(30), || async {
+        (!receiver.calls_for(event).is_empty()).then_some(())
+    })
+    .await;
     kill(&mut service).await;
 }
 

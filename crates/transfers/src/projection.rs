@@ -88,7 +88,7 @@ impl Handler for Projection {
             }
         }
         for (record, error) in poison {
-            let failure = Failure::new(MALFORMED_EVENT, Some("serde_json::Error"), &error);
+            let failure = Failure::new(MALFORMED_EVENT, "serde_json::Error", &error);
             self.dead_letters.publish(record, &failure).await?;
         }
         Ok(())

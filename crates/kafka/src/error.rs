@@ -49,6 +49,10 @@ pub enum Error {
         #[source]
         source: KafkaError,
     },
+    /// Topics were created but the broker's metadata did not show a leader for every partition
+    /// in time: a client started now would be told they do not exist.
+    #[error("topics created but without a leader after {waited:?}: {}", topics.join(", "))]
+    NoLeader { topics: Vec<String>, waited: std::time::Duration },
     /// A blocking librdkafka call running off the runtime panicked or was cancelled.
     #[error("blocking Kafka call did not complete")]
     Blocking(#[from] tokio::task::JoinError),

@@ -137,6 +137,11 @@ pub async fn ensure(args: &KafkaArgs, settings: &TopicArgs, specs: &[TopicSpec])
             }
         }
     }
+    // CreateTopics answers once the controller has the topics; the broker learns of them a
+    // moment later, and a client that asks it in between is told they do not exist
+    let mut fresh: Vec<String> = created.iter().chain(&raced).cloned().collect();
+    fresh.sort();
+    await_leaders(&admin, &args.bootstrap_servers, &fresh).await?;
     let existing =
         if raced.is_empty() { existing } else { existing_topics(&admin, &args.bootstrap_servers).await? };
 
@@ -187,6 +192,40 @@ pub async fn ensure(args: &KafkaArgs, settings: &TopicArgs, specs: &[TopicSpec])
         report.topics.push(TopicStatus { name: spec.name.clone(), outcome });
     }
     Ok(report)
+}
+
+/// Waits until the broker's metadata shows every one of `names` with a leader for each of its
+/// partitions, for at most [`CONNECT_TIMEOUT`].
+async fn await_leaders(admin: &Arc<Admin>, bootstrap: &str, names: &[String]) -> Result<(), Error> {
+    let started = tokio::time::Instant::now();
+    loop {
+        let client = admin.clone();
+        let metadata =
+            tokio::task::spawn_blocking(move || client.inner().fetch_metadata(None, CONNECT_TIMEOUT))
+                .await?
+                .map_err(|source| Error::Unreachable { bootstrap: bootstrap.to_owned(), source })?;
+        let ready = |name: &String| {
+            metadata.topics().iter().any(|topic| {
+                topic.name() == name
+                    && topic.error().is_none()
+                    && !topic.partitions().is_empty()
+                    && topic
+                        .partitions()
+                        .iter()
+                        .all(|partition| partition.error().is_none() && partition.leader() >= 0)
+            })
+        };
+        let waiting: Vec<String> = names.iter().filter(|name| !ready(name)).cloned().collect();
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        if started.elapsed() >= CONNECT_TIMEOUT {
+            return Err(Error::NoLeader { topics: waiting, waited: started.elapsed() });
+        }
+        // polling the broker's metadata, not waiting for time to pass: the loop ends on the
+        // condition (or the deadline), the pause only spaces the requests
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// The partition ids of `topic`, as `client`'s metadata has them; empty when the topic does not

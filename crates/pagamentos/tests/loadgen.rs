@@ -96,7 +96,15 @@ async fn a_stall_is_counted_from_when_requests_were_due() {
     let run = loadgen(&system, &["--rate", "40", "--duration", "4", "--accounts", "10"])
         .spawn()
         .expect("start loadgen");
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // freeze it once load is flowing (a slow machine may take a while to start loadgen)
+    testkit::eventually("loadgen's first transfers", Duration::from_secs(60), || async {
+        let accepted: i64 = sqlx::query_scalar("SELECT count(*) FROM transferencia")
+            .fetch_one(&system.transfers_db.pool)
+            .await
+            .expect("count transfers");
+        (accepted >= 20).then_some(())
+    })
+    .await;
     assert!(Command::new("kill").args(["-STOP", &pid]).status().await.expect("kill -STOP").success());
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     assert!(Command::new("kill").args(["-CONT", &pid]).status().await.expect("kill -CONT").success());

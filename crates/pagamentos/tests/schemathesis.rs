@@ -16,7 +16,6 @@
 mod common;
 
 use std::process::Stdio;
-use std::time::Duration;
 
 use serde_json::json;
 use tokio::process::Command;
@@ -103,7 +102,7 @@ async fn both_apis_hold_to_their_openapi_documents_under_schemathesis() {
         assert!(response.status().is_success(), "{url}: {}", response.status());
     }
     // what the fuzzer moved settles, and the books stay balanced
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    system.all_decided().await;
     let (code, report) = system.verify().await;
     assert_eq!(code, 0, "pagamentos verify after the fuzzer:\n{report}");
     all.kill().await.expect("stop pagamentos all");

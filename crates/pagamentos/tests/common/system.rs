@@ -162,6 +162,20 @@ impl System {
         body["saldoCentavos"].as_i64().expect("saldoCentavos")
     }
 
+    /// Waits until no transfer is PENDENTE any more (every accepted one decided and projected),
+    /// the condition `verify` needs to compare the two databases.
+    pub async fn all_decided(&self) {
+        testkit::eventually("every transfer decided", Duration::from_secs(120), || async {
+            let pending: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM transferencia WHERE status = 'PENDENTE'")
+                    .fetch_one(&self.transfers_db.pool)
+                    .await
+                    .expect("count pending transfers");
+            (pending == 0).then_some(())
+        })
+        .await;
+    }
+
     /// `pagamentos verify` on the system's databases: (exit code, report).
     pub async fn verify(&self) -> (i32, String) {
         let output = Command::new(env!("CARGO_BIN_EXE_pagamentos"))

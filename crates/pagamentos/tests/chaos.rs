@@ -21,9 +21,26 @@
 //! A second test runs the same workload on a three-broker cluster of its own (replication 3,
 //! `min.insync.replicas` 2) and SIGKILLs each broker in turn under load.
 //!
+//! Faults also combine: `pause-all+restart-kafka` restarts the broker while A is frozen, so A
+//! wakes up to a broker that has forgotten its sessions and transactions as well as its
+//! partitions.
+//!
+//! While the faults run, a reader reads every customer balance in one snapshot, over and over
+//! (Jepsen's bank reads): every read must show Σ conserved and no negative balance. Since the
+//! set of accounts is closed, Σ cannot see a transfer applied twice between two of them, so
+//! afterwards every settled transfer is also checked entry by entry: one debit of the requested
+//! amount on the requested source, one credit on the requested destination.
+//!
+//! **Seeded**: the order of the faults in each round, the traffic between them, how long a fault
+//! lasts, which part a combined fault restarts, and the transfers offered are all drawn from one
+//! seed, printed at the start, in the figures and on failure. `PAGAMENTOS_CHAOS_SEED=<n>` replays
+//! the same schedule (the systems' own timing is not replayable: the seed fixes what is done and
+//! when, not how the processes interleave).
+//!
 //! They restart the shared broker and database or start a cluster, so they are `#[ignore]`d and
 //! run alone by `scripts/test`. `PAGAMENTOS_CHAOS_ROUNDS=N` runs the fault schedule N times (a soak run);
-//! `PAGAMENTOS_CHAOS_FAULTS=pause-all,restart-kafka` runs only the faults named (see [`Fault`]).
+//! `PAGAMENTOS_CHAOS_FAULTS=pause-all,restart-kafka` runs only the faults named, in that order
+//! (see [`Fault`]).
 
 mod common;
 
@@ -51,12 +68,14 @@ const ACCOUNTS: usize = 12;
 const OPENING_CENTS: i64 = 1_000_000;
 /// Transfers offered per second while faults are injected.
 const RATE_PER_S: u64 = 40;
-/// Traffic between two faults.
-const BETWEEN_FAULTS: Duration = Duration::from_secs(4);
+/// Traffic between two faults: drawn from this range.
+const BETWEEN_FAULTS_MS: std::ops::Range<u64> = 2_000..6_000;
 /// Longer than the group session timeout (the stack's `group.consumer.session.timeout.ms` and
 /// the classic `session.timeout.ms` the services set: 10 s) and antifraude's
 /// `transaction.timeout.ms` (10 s), so the paused instance is fenced on both counts.
 const PAUSE: Duration = Duration::from_secs(20);
+/// A pause lasts [`PAUSE`] plus up to this much, drawn.
+const PAUSE_EXTRA_MS: u64 = 5_000;
 /// How long a killed Kafka node of a cluster stays down.
 const BROKER_DOWN: Duration = Duration::from_secs(8);
 /// How long one POST is retried before the client gives up on it.
@@ -161,14 +180,16 @@ enum Fault {
     Kill(usize),
     /// `scripts/stack restart <part>`.
     Restart(&'static str),
-    /// SIGSTOP of A for [`PAUSE`], then SIGCONT.
+    /// SIGSTOP of A for [`PAUSE`] or a little more, then SIGCONT.
     Pause,
+    /// SIGSTOP of A, `scripts/stack restart <part>` while it is frozen, SIGCONT after the pause.
+    PauseDuringRestart(&'static str),
     /// SIGKILL of Kafka node n (1–3) of a [`Cluster`], started again after [`BROKER_DOWN`].
     KillBroker(usize),
 }
 
 impl Fault {
-    const ALL: [(&'static str, Fault); 8] = [
+    const ALL: [(&'static str, Fault); 10] = [
         ("kill-antifraude", Fault::Kill(2)),
         ("kill-ledger", Fault::Kill(1)),
         ("kill-transferencias", Fault::Kill(0)),
@@ -177,14 +198,28 @@ impl Fault {
         ("restart-kafka", Fault::Restart("kafka")),
         ("restart-postgres", Fault::Restart("postgres")),
         ("pause-all", Fault::Pause),
+        ("pause-all+restart-kafka", Fault::PauseDuringRestart("kafka")),
+        ("pause-all+restart-postgres", Fault::PauseDuringRestart("postgres")),
     ];
 
-    /// The whole list, or the faults named in `PAGAMENTOS_CHAOS_FAULTS` (comma-separated, in
-    /// the order given), to reproduce one.
-    fn schedule() -> Vec<Fault> {
-        let Ok(names) = std::env::var("PAGAMENTOS_CHAOS_FAULTS") else {
-            return Self::ALL.iter().map(|(_, fault)| *fault).collect();
-        };
+    /// The default schedule: every single fault, and one combined fault whose restarted part
+    /// the seed draws (both would add a minute to every run).
+    fn default_schedule(rng: &mut StdRng) -> Vec<Fault> {
+        let combined = if rng.random_bool(0.5) { "kafka" } else { "postgres" };
+        Self::ALL
+            .iter()
+            .map(|(_, fault)| *fault)
+            .filter(|fault| match fault {
+                Fault::PauseDuringRestart(part) => *part == combined,
+                _ => true,
+            })
+            .collect()
+    }
+
+    /// The faults named in `PAGAMENTOS_CHAOS_FAULTS` (comma-separated, in the order given), to
+    /// reproduce one; `None` when unset.
+    fn named() -> Option<Vec<Fault>> {
+        let names = std::env::var("PAGAMENTOS_CHAOS_FAULTS").ok()?;
         names
             .split(',')
             .map(|name| {
@@ -197,7 +232,8 @@ impl Fault {
                         panic!("PAGAMENTOS_CHAOS_FAULTS: unknown fault {name:?}; known: {}", known.join(", "))
                     })
             })
-            .collect()
+            .collect::<Vec<_>>()
+            .into()
     }
 
     fn describe(&self) -> String {
@@ -207,8 +243,113 @@ impl Fault {
                 format!("SIGKILL B: {}", ["transferencias", "ledger", "antifraude", "notificacoes"][*service])
             }
             Fault::Restart(part) => format!("scripts/stack restart {part}"),
-            Fault::Pause => format!("SIGSTOP A (pagamentos all) for {PAUSE:?}"),
-            Fault::KillBroker(node) => format!("SIGKILL of Kafka node {node} for {BROKER_DOWN:?}"),
+            Fault::Pause => "SIGSTOP A (pagamentos all)".into(),
+            Fault::PauseDuringRestart(part) => {
+                format!("SIGSTOP A, scripts/stack restart {part} while it is frozen")
+            }
+            Fault::KillBroker(node) => format!("SIGKILL of Kafka node {node}"),
+        }
+    }
+}
+
+/// One step of a drawn schedule: traffic for `traffic_before`, then `fault`, which lasts `hold`
+/// (how long a killed process or broker stays down, or a frozen one frozen).
+#[derive(Debug, Clone, Copy)]
+struct Step {
+    traffic_before: Duration,
+    fault: Fault,
+    hold: Duration,
+}
+
+/// The run's seed: `PAGAMENTOS_CHAOS_SEED`, or drawn.
+fn seed() -> u64 {
+    match std::env::var("PAGAMENTOS_CHAOS_SEED") {
+        Ok(text) => text.trim().parse().expect("PAGAMENTOS_CHAOS_SEED: a number (u64)"),
+        Err(_) => rand::rng().random(),
+    }
+}
+
+/// The schedule of `rounds` rounds drawn from `seed`: `faults` (or, when `None`, the default
+/// faults in an order drawn per round), the traffic between them and how long each lasts.
+fn draw_schedule(seed: u64, faults: Option<&[Fault]>, rounds: usize) -> Vec<Step> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut steps = Vec::new();
+    for _ in 0..rounds {
+        let round = match faults {
+            Some(faults) => faults.to_vec(),
+            None => {
+                let mut round = Fault::default_schedule(&mut rng);
+                rand::seq::SliceRandom::shuffle(round.as_mut_slice(), &mut rng);
+                round
+            }
+        };
+        for fault in round {
+            let traffic_before = Duration::from_millis(rng.random_range(BETWEEN_FAULTS_MS));
+            let hold = match fault {
+                Fault::Kill(_) => Duration::from_millis(rng.random_range(200..2_000)),
+                Fault::KillBroker(_) => BROKER_DOWN + Duration::from_millis(rng.random_range(0..2_000)),
+                Fault::Pause | Fault::PauseDuringRestart(_) => {
+                    PAUSE + Duration::from_millis(rng.random_range(0..PAUSE_EXTRA_MS))
+                }
+                Fault::Restart(_) => Duration::ZERO,
+            };
+            steps.push(Step { traffic_before, fault, hold });
+        }
+    }
+    steps
+}
+
+/// Prints the seed again when the test fails, next to the panic, with how to replay it.
+struct SeedOnFailure(u64);
+
+impl Drop for SeedOnFailure {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("[chaos] FAILED with seed {0}: replay with PAGAMENTOS_CHAOS_SEED={0}", self.0);
+        }
+    }
+}
+
+/// Jepsen's bank reads, while the faults run: every customer balance read in one snapshot.
+#[derive(Default)]
+struct BankReads {
+    reads: AtomicU64,
+    /// Reads that could not be made (the database restarting): not violations.
+    unavailable: AtomicU64,
+    violations: Mutex<Vec<String>>,
+}
+
+impl BankReads {
+    /// Reads until `stop`, a read every 200 ms.
+    async fn run(self: Arc<Self>, pool: sqlx::PgPool, stop: CancellationToken) {
+        let expected = ACCOUNTS as i64 * OPENING_CENTS;
+        while !stop.is_cancelled() {
+            // one statement: one snapshot of every balance
+            let read: Result<Vec<(String, i64)>, _> =
+                sqlx::query_as("SELECT id, saldo_centavos FROM conta WHERE NOT emissor ORDER BY id")
+                    .fetch_all(&pool)
+                    .await;
+            match read {
+                Ok(balances) => {
+                    self.reads.fetch_add(1, Ordering::Relaxed);
+                    let sum: i64 = balances.iter().map(|(_, cents)| cents).sum();
+                    let negative: Vec<&(String, i64)> =
+                        balances.iter().filter(|(_, cents)| *cents < 0).collect();
+                    if balances.len() != ACCOUNTS || sum != expected || !negative.is_empty() {
+                        self.violations.lock().expect("lock").push(format!(
+                            "{} accounts, Σ {sum} (expected {expected}), negative {negative:?}",
+                            balances.len()
+                        ));
+                    }
+                }
+                Err(_) => {
+                    self.unavailable.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
         }
     }
 }
@@ -218,6 +359,8 @@ impl Fault {
 struct Client {
     /// Transfer ids answered `202`.
     accepted: Mutex<Vec<String>>,
+    /// What was asked of each accepted transfer: (source, destination, cents).
+    requested: Mutex<HashMap<String, (String, String, i64)>>,
     /// Answers that were neither `202` nor worth retrying, and POSTs given up on.
     failed: Mutex<Vec<String>>,
     posts: AtomicU64,
@@ -251,6 +394,12 @@ impl Client {
                         Err(_) => continue, // cut off mid-body: ask again
                     };
                     let id = answer["id"].as_str().expect("the transfer's id").to_owned();
+                    let asked = (
+                        body["contaOrigem"].as_str().expect("source").to_owned(),
+                        body["contaDestino"].as_str().expect("destination").to_owned(),
+                        body["valorEmCentavos"].as_i64().expect("cents"),
+                    );
+                    self.requested.lock().expect("lock").insert(id.clone(), asked);
                     self.accepted.lock().expect("lock").push(id);
                     return;
                 }
@@ -267,18 +416,20 @@ impl Client {
     }
 }
 
-/// Offers transfers at [`RATE_PER_S`] until `stop`; each POST runs on `tracker`.
+/// Offers transfers at [`RATE_PER_S`] until `stop`, drawn from `seed`; each POST runs on
+/// `tracker`.
 async fn drive(
     client: Arc<Client>,
     http: reqwest::Client,
     apis: [String; 2],
     stop: CancellationToken,
     tracker: TaskTracker,
+    seed: u64,
 ) {
     let apis = Arc::new(apis);
     let mut ticks = tokio::time::interval(Duration::from_micros(1_000_000 / RATE_PER_S));
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut rng = StdRng::from_os_rng();
+    let mut rng = StdRng::seed_from_u64(seed);
     while !stop.is_cancelled() {
         tokio::select! {
             _ = stop.cancelled() => break,
@@ -379,11 +530,45 @@ fn rounds() -> usize {
     })
 }
 
+/// The same seed draws the same schedule; another seed another one; every round holds each
+/// single fault once and one combined fault.
+#[test]
+fn a_seed_replays_its_schedule() {
+    let describe = |steps: &[Step]| -> Vec<String> {
+        steps
+            .iter()
+            .map(|step| format!("{:?} {:?} {:?}", step.traffic_before, step.fault, step.hold))
+            .collect()
+    };
+    let first = draw_schedule(42, None, 3);
+    assert_eq!(describe(&first), describe(&draw_schedule(42, None, 3)));
+    assert_ne!(describe(&first), describe(&draw_schedule(43, None, 3)));
+    for round in first.chunks(first.len() / 3) {
+        let combined = round.iter().filter(|step| matches!(step.fault, Fault::PauseDuringRestart(_))).count();
+        assert_eq!(combined, 1, "{:?}", describe(round));
+        for (_, fault) in
+            Fault::ALL.iter().filter(|(_, fault)| !matches!(fault, Fault::PauseDuringRestart(_)))
+        {
+            assert_eq!(
+                round.iter().filter(|step| step.fault == *fault).count(),
+                1,
+                "{fault:?} in {:?}",
+                describe(round)
+            );
+        }
+    }
+    // named faults keep their order
+    let named = [Fault::Pause, Fault::Kill(1)];
+    let steps = draw_schedule(7, Some(&named), 2);
+    let order: Vec<Fault> = steps.iter().map(|step| step.fault).collect();
+    assert_eq!(order, [Fault::Pause, Fault::Kill(1), Fault::Pause, Fault::Kill(1)]);
+}
+
 #[tokio::test]
 #[ignore = "restarts the shared broker and database: scripts/test runs it alone"]
 async fn money_is_neither_lost_nor_doubled_through_crashes_restarts_and_pauses() {
     let system = System::new().await;
-    bank_under_faults(&system, &Fault::schedule(), rounds(), None).await;
+    bank_under_faults(&system, Fault::named().as_deref(), rounds(), None).await;
 }
 
 #[tokio::test]
@@ -395,7 +580,7 @@ async fn with_three_brokers_killing_any_one_under_load_loses_nothing() {
     // declared after the cluster, so dropped before it: its topics are deleted while it runs
     let system = System::on_kafka(args, 3).await;
     let schedule = [Fault::KillBroker(2), Fault::KillBroker(1), Fault::KillBroker(3)];
-    bank_under_faults(&system, &schedule, rounds(), Some(&cluster)).await;
+    bank_under_faults(&system, Some(&schedule), rounds(), Some(&cluster)).await;
 }
 
 /// A Kafka cluster of three broker+controller nodes of the test's own (`scripts/stack up kafka
@@ -466,9 +651,28 @@ impl Drop for Cluster {
     }
 }
 
-/// The bank workload on `system` through `schedule` (`rounds` times), then every check; its
-/// figures are printed as the last line.
-async fn bank_under_faults(system: &System, schedule: &[Fault], rounds: usize, cluster: Option<&Cluster>) {
+/// The bank workload on `system` through `faults` (the default schedule when `None`), `rounds`
+/// times, then every check; its figures are printed as the last line.
+async fn bank_under_faults(
+    system: &System,
+    faults: Option<&[Fault]>,
+    rounds: usize,
+    cluster: Option<&Cluster>,
+) {
+    let seed = seed();
+    let _report_seed = SeedOnFailure(seed);
+    let schedule = draw_schedule(seed, faults, rounds);
+    let per_round = schedule.len() / rounds;
+    eprintln!("[chaos] seed {seed} (PAGAMENTOS_CHAOS_SEED={seed} replays this schedule)");
+    for (n, step) in schedule.iter().enumerate() {
+        eprintln!(
+            "[chaos] plan {:>2}: after {:?} of traffic, {} (held {:?})",
+            n + 1,
+            step.traffic_before,
+            step.fault.describe(),
+            step.hold
+        );
+    }
     let (webhook, webhook_url) = Receiver::start().await;
     let logs = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(testkit::unique("chaos"));
     std::fs::create_dir_all(&logs).expect("log directory");
@@ -487,45 +691,56 @@ async fn bank_under_faults(system: &System, schedule: &[Fault], rounds: usize, c
     let http = common::system::admin_client(Some(Duration::from_secs(3)));
     let apis = [system.api("/transferencias"), format!("http://127.0.0.1:{}/transferencias", b[0].ports[0])];
     let (stop, posts) = (CancellationToken::new(), TaskTracker::new());
-    let driver = tokio::spawn(drive(client.clone(), http, apis, stop.clone(), posts.clone()));
+    let driver = tokio::spawn(drive(client.clone(), http, apis, stop.clone(), posts.clone(), seed));
+    let bank_reads = Arc::new(BankReads::default());
+    let reader = tokio::spawn(bank_reads.clone().run(system.ledger_db.pool.clone(), stop.clone()));
 
     let started = Instant::now();
     let mut faults = 0usize;
-    tokio::time::sleep(BETWEEN_FAULTS).await;
-    for round in 1..=rounds {
-        eprintln!("[chaos] round {round} of {rounds}");
-        for fault in schedule {
-            faults += 1;
-            eprintln!(
-                "[chaos {:>6.1}s] fault {faults}: {}",
-                started.elapsed().as_secs_f64(),
-                fault.describe()
-            );
-            match fault {
-                Fault::KillBroker(node) => {
-                    let cluster = cluster.expect("a broker is killed only in a cluster of the test's own");
-                    cluster.kill(*node).await;
-                    tokio::time::sleep(BROKER_DOWN).await;
-                    cluster.stack(&["up", "kafka"]).await;
-                }
-                Fault::Kill(service) => {
-                    let process = if *service == 4 { &mut a } else { &mut b[*service] };
-                    process.kill().await;
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    process.start(system, &logs).await;
-                }
-                Fault::Restart(part) => testkit::stack(&["restart", part]).await,
-                Fault::Pause => {
-                    a.signal("-STOP").await;
-                    tokio::time::sleep(PAUSE).await;
-                    a.signal("-CONT").await;
-                }
+    for step in &schedule {
+        if faults % per_round == 0 {
+            eprintln!("[chaos] round {} of {rounds}", faults / per_round + 1);
+        }
+        // the traffic between faults is the schedule's, not a wait for something
+        tokio::time::sleep(step.traffic_before).await;
+        faults += 1;
+        eprintln!(
+            "[chaos {:>6.1}s] fault {faults}: {}",
+            started.elapsed().as_secs_f64(),
+            step.fault.describe()
+        );
+        match step.fault {
+            Fault::KillBroker(node) => {
+                let cluster = cluster.expect("a broker is killed only in a cluster of the test's own");
+                cluster.kill(node).await;
+                tokio::time::sleep(step.hold).await;
+                cluster.stack(&["up", "kafka"]).await;
             }
-            tokio::time::sleep(BETWEEN_FAULTS).await;
+            Fault::Kill(service) => {
+                let process = if service == 4 { &mut a } else { &mut b[service] };
+                process.kill().await;
+                tokio::time::sleep(step.hold).await;
+                process.start(system, &logs).await;
+            }
+            Fault::Restart(part) => testkit::stack(&["restart", part]).await,
+            Fault::Pause => {
+                a.signal("-STOP").await;
+                tokio::time::sleep(step.hold).await;
+                a.signal("-CONT").await;
+            }
+            Fault::PauseDuringRestart(part) => {
+                let frozen = Instant::now();
+                a.signal("-STOP").await;
+                testkit::stack(&["restart", part]).await;
+                tokio::time::sleep(step.hold.saturating_sub(frozen.elapsed())).await;
+                a.signal("-CONT").await;
+            }
         }
     }
+    tokio::time::sleep(Duration::from_millis(BETWEEN_FAULTS_MS.start)).await;
     stop.cancel();
     driver.await.expect("driver");
+    reader.await.expect("bank reader");
     posts.close();
     posts.wait().await;
     let traffic_s = started.elapsed().as_secs_f64();
@@ -585,6 +800,40 @@ async fn bank_under_faults(system: &System, schedule: &[Fault], rounds: usize, c
             .expect("settled in the ledger");
     let (verify_code, verify_report) = system.verify().await;
 
+    // entry by entry: every settled transfer moved exactly what was asked, between the accounts
+    // asked, once; nothing else moved money
+    let entries: Vec<(String, String, String, i64)> = sqlx::query_as(
+        "SELECT transferencia_id::text, conta_id, tipo, valor_centavos FROM lancamento l
+          WHERE NOT EXISTS (SELECT 1 FROM deposito d WHERE d.id = l.transferencia_id)",
+    )
+    .fetch_all(ledger)
+    .await
+    .expect("entries");
+    let mut moved: HashMap<String, Vec<(String, String, i64)>> = HashMap::new();
+    for (transfer, account, kind, cents) in entries {
+        moved.entry(transfer).or_default().push((kind.trim().to_owned(), account, cents));
+    }
+    let requested = client.requested.lock().expect("lock").clone();
+    let mut misapplied = Vec::new();
+    for (id, (from, to, cents)) in &requested {
+        let mut got = moved.remove(id).unwrap_or_default();
+        got.sort();
+        let expected = match status.get(id).map(String::as_str) {
+            Some("LIQUIDADA") => {
+                vec![("C".to_owned(), to.clone(), *cents), ("D".to_owned(), from.clone(), *cents)]
+            }
+            _ => Vec::new(),
+        };
+        if got != expected {
+            misapplied.push(format!("{id}: asked {from} → {to} {cents}, entries {got:?}"));
+        }
+    }
+    // entries of transfers the client never had accepted
+    misapplied.extend(moved.keys().map(|id| format!("{id}: entries of a transfer nobody was told of")));
+    let reads = bank_reads.reads.load(Ordering::Relaxed);
+    let reads_unavailable = bank_reads.unavailable.load(Ordering::Relaxed);
+    let read_violations = bank_reads.violations.lock().expect("lock").clone();
+
     // antifraude's outputs: exactly one per request record (exactly-once through its Kafka
     // transactions). The outbox relay is at-least-once: a relay that loses its database between
     // publishing and marking publishes the row again, as the same event; the ledger absorbs that
@@ -632,6 +881,7 @@ async fn bank_under_faults(system: &System, schedule: &[Fault], rounds: usize, c
     let unnotified = accepted.iter().filter(|id| !notified.contains(*id)).count();
 
     let figures = json!({
+        "seed": seed,
         "rounds": rounds,
         "faults": faults,
         "seconds": traffic_s.round(),
@@ -642,6 +892,10 @@ async fn bank_under_faults(system: &System, schedule: &[Fault], rounds: usize, c
         "rejected": rejected,
         "lost": lost.len(),
         "doubled": doubled,
+        "misapplied": misapplied.len(),
+        "bank_reads": reads,
+        "bank_reads_unavailable": reads_unavailable,
+        "bank_read_violations": read_violations.len(),
         "requests_republished": republished,
         "analysed_twice": analysed_twice,
         "phantom": phantom,
@@ -661,6 +915,12 @@ async fn bank_under_faults(system: &System, schedule: &[Fault], rounds: usize, c
     assert_eq!(duplicate_answers, 0, "one transfer answered for two keys: {figures}");
     assert_eq!(phantom, 0, "transfers in the database the client never had answered: {figures}");
     assert_eq!(doubled, 0, "transfers with other than one debit and one credit: {figures}");
+    assert!(
+        misapplied.is_empty(),
+        "transfers that moved other than what was asked: {misapplied:?} {figures}"
+    );
+    assert!(read_violations.is_empty(), "bank reads during the faults: {read_violations:?} {figures}");
+    assert!(reads > 0, "no bank read succeeded during the faults: {figures}");
     assert_eq!(
         ledger_settled as usize, settled,
         "the ledger and the API disagree on what settled: {figures}"

@@ -51,8 +51,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kafka::config::{consumer_config, OffsetCommit};
+use kafka::rdkafka::consumer::Consumer;
+use kafka::rdkafka::error::KafkaError;
 use kafka::rdkafka::message::Message;
+use kafka::rdkafka::{Offset, TopicPartitionList};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
@@ -455,28 +457,58 @@ fn account(n: usize) -> String {
     format!("CHAOS-{n:02}")
 }
 
-/// Every record on `topics` (read_committed), until none came for a few seconds: its payload,
-/// plus where it was (`_at`: topic/partition/offset).
+/// Every record on `topics` (read_committed), read to the end of every partition (librdkafka's
+/// partition EOF, which under read_committed is the last stable offset), once both outboxes
+/// have published everything: its payload, plus where it was (`_at`: topic/partition/offset).
+/// No quiet time window decides that the reading is over.
 async fn read_all(system: &System, topics: &[String]) -> Vec<Value> {
-    let names: Vec<&str> = topics.iter().map(String::as_str).collect();
-    let group = testkit::unique("chaos-reader");
-    let reader = kafka::consumer::subscribe(
-        &consumer_config(&system.topics.args, "chaos-reader", &group, OffsetCommit::StoredAfterHandling),
-        &names,
-    )
-    .expect("reader");
+    const UNPUBLISHED: &str = "SELECT count(*) FROM outbox_evento WHERE publicado_em IS NULL";
+    testkit::eventually("both outboxes published", Duration::from_secs(120), || async {
+        let mut left = 0i64;
+        for pool in [&system.transfers_db.pool, &system.ledger_db.pool] {
+            left += sqlx::query_scalar::<_, i64>(UNPUBLISHED).fetch_one(pool).await.ok()?;
+        }
+        (left == 0).then_some(())
+    })
+    .await;
     let mut records = Vec::new();
-    // the first record may take a while (joining the group); then a few quiet seconds end it
-    while let Ok(record) =
-        tokio::time::timeout(Duration::from_secs(if records.is_empty() { 15 } else { 4 }), reader.recv())
-            .await
-    {
-        let record = record.expect("receive");
-        let payload = record.payload().unwrap_or_default();
-        let mut value: Value = serde_json::from_slice(payload)
-            .unwrap_or_else(|_| json!({"raw": String::from_utf8_lossy(payload)}));
-        value["_at"] = json!(format!("{}/{}/{}", record.topic(), record.partition(), record.offset()));
-        records.push(value);
+    // one reader per topic: librdkafka's end-of-partition event names the partition only
+    for topic in topics {
+        let mut config = kafka::config::base_consumer_settings(&system.topics.args, "chaos-reader");
+        config
+            .set("group.id", testkit::unique("chaos-reader"))
+            .set("enable.auto.commit", "false")
+            .set("enable.partition.eof", "true");
+        let reader: kafka::consumer::KafkaConsumer = kafka::context::create(&config).expect("reader");
+        let partitions =
+            kafka::topics::partitions(reader.client(), topic, Duration::from_secs(30)).expect("metadata");
+        assert!(!partitions.is_empty(), "{topic} has no partitions");
+        let mut assignment = TopicPartitionList::new();
+        for partition in &partitions {
+            assignment.add_partition_offset(topic, *partition, Offset::Beginning).expect("offset");
+        }
+        reader.assign(&assignment).expect("assign");
+        let mut open: HashSet<i32> = partitions.into_iter().collect();
+        while !open.is_empty() {
+            let received =
+                tokio::time::timeout(Duration::from_secs(60), reader.recv()).await.unwrap_or_else(|_| {
+                    panic!("{topic}: no record nor end of partition in 60 s; open: {open:?}")
+                });
+            match received {
+                Ok(record) => {
+                    let payload = record.payload().unwrap_or_default();
+                    let mut value: Value = serde_json::from_slice(payload)
+                        .unwrap_or_else(|_| json!({"raw": String::from_utf8_lossy(payload)}));
+                    value["_at"] =
+                        json!(format!("{}/{}/{}", record.topic(), record.partition(), record.offset()));
+                    records.push(value);
+                }
+                Err(KafkaError::PartitionEOF(partition)) => {
+                    open.remove(&partition);
+                }
+                Err(error) => panic!("reading {topic}: {error}"),
+            }
+        }
     }
     records
 }
@@ -868,6 +900,24 @@ async fn bank_under_faults(
     let analysed_twice = over.len();
     let unanalysed = accepted.iter().filter(|id| !analysed.contains_key(*id)).count();
 
+    // the pipeline's topics, Kafka-workload style: every accepted transfer was requested; no
+    // event names a transfer nobody accepted; every settled one has its settlement event and
+    // none that is not settled has one
+    let unrequested = accepted.iter().filter(|id| !requests.contains_key(*id)).count();
+    let settlements = count_by_transfer(&read_all(system, &[system.topics.topic(topics::SETTLED)]).await);
+    let settlements_republished = settlements.values().filter(|count| **count > 1).count();
+    let settled_unannounced =
+        status.iter().filter(|(id, status)| *status == "LIQUIDADA" && !settlements.contains_key(*id)).count();
+    let announced_unsettled =
+        settlements.keys().filter(|id| status.get(*id).is_none_or(|status| status != "LIQUIDADA")).count();
+    let phantom_events = requests
+        .keys()
+        .chain(analysed.keys())
+        .chain(settlements.keys())
+        .filter(|id| !accepted_set.contains(id))
+        .collect::<HashSet<_>>()
+        .len();
+
     let dlts: Vec<String> =
         system.topics.names.iter().filter(|name| name.ends_with("-dlt")).cloned().collect();
     let dead_letters = read_all(system, &dlts).await;
@@ -902,6 +952,11 @@ async fn bank_under_faults(
         "dead_letters": dead_letters.len(),
         "unanalysed": unanalysed,
         "unnotified": unnotified,
+        "unrequested": unrequested,
+        "settlements_republished": settlements_republished,
+        "settled_unannounced": settled_unannounced,
+        "announced_unsettled": announced_unsettled,
+        "phantom_events": phantom_events,
     });
     if !lost.is_empty() {
         diagnose(system, &lost, &analysed).await;
@@ -931,6 +986,10 @@ async fn bank_under_faults(
     assert_eq!(unanalysed, 0, "accepted transfers antifraude never analysed: {figures}");
     assert!(dead_letters.is_empty(), "dead letters: {dead_letters:?}");
     assert_eq!(unnotified, 0, "final transfers never notified: {figures}");
+    assert_eq!(unrequested, 0, "accepted transfers with no request event: {figures}");
+    assert_eq!(settled_unannounced, 0, "settled transfers with no settlement event: {figures}");
+    assert_eq!(announced_unsettled, 0, "settlement events of transfers not settled: {figures}");
+    assert_eq!(phantom_events, 0, "events of transfers nobody accepted: {figures}");
     assert!(settled > 0 && rejected > 0, "the workload should both settle and reject: {figures}");
     println!("{figures}");
 }

@@ -279,3 +279,27 @@ pub async fn stack(args: &[&str]) {
     .expect("scripts/stack task");
     assert!(status.success(), "scripts/stack {args:?} failed");
 }
+
+/// The number of records ever written to `topic` (the sum of its partitions' high watermarks),
+/// as the broker has it now. Taken before and after a command that must write nothing, it
+/// proves the absence without waiting: whatever the command wrote was acknowledged before it
+/// exited.
+pub async fn records_written(args: &kafka::KafkaArgs, topic: &str) -> i64 {
+    use kafka::rdkafka::consumer::{BaseConsumer, Consumer};
+    let mut config = kafka::config::base_consumer_settings(args, "test-watermarks");
+    config.set("group.id", unique("watermarks"));
+    let topic = topic.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer<kafka::context::Context> =
+            kafka::context::create(&config).expect("watermark reader");
+        let timeout = Duration::from_secs(30);
+        let partitions = kafka::topics::partitions(consumer.client(), &topic, timeout).expect("metadata");
+        assert!(!partitions.is_empty(), "{topic} does not exist");
+        partitions
+            .into_iter()
+            .map(|partition| consumer.fetch_watermarks(&topic, partition, timeout).expect("watermarks").1)
+            .sum()
+    })
+    .await
+    .expect("watermark task")
+}

@@ -67,8 +67,10 @@ enum Command {
     /// and a rejection event.
     Loadgen(Box<loadgen::LoadgenArgs>),
     /// Check the books: the ledger's invariants 1–3 and, with `--scope all` (default), that a
-    /// transfer is LIQUIDADA in transferencias iff the ledger settled it (4). Exit 1 and a
-    /// report naming every break; 0 when clean.
+    /// transfer is LIQUIDADA in transferencias iff the ledger settled it, that every decided
+    /// transfer has the same outcome, amount, accounts and currency in both databases, and that
+    /// none is PENDENTE longer than `--pending-older-than` (4). Exit 1 and a report naming
+    /// every break; 0 when clean.
     Verify(verify::VerifyArgs),
 }
 

@@ -7,6 +7,7 @@
 //! - [`services`]: the service subcommands (start, wait for the signal, drain).
 //! - [`verify`]: `pagamentos verify`, the books against the contract's invariants.
 //! - [`dlt`]: `pagamentos dlt list|replay`, dead letters for operators.
+//! - [`republish`]: `pagamentos republish`, the request event of stuck transfers again.
 //! - [`shutdown`]: SIGINT/SIGTERM → one cancellation token → drain with a deadline.
 //!
 //! This crate only parses arguments, wires crates together and handles signals; the work is
@@ -16,6 +17,7 @@ mod database;
 mod dlt;
 mod load;
 mod migrate;
+mod republish;
 mod services;
 mod shutdown;
 mod topics;
@@ -72,6 +74,14 @@ enum Command {
     /// none is PENDENTE longer than `--pending-older-than` (4). Exit 1 and a report naming
     /// every break; 0 when clean.
     Verify(verify::VerifyArgs),
+    /// Send the request event (`TransferenciaSolicitada`) of stuck transfers again, rebuilt
+    /// from the transfers database and written to its outbox, so the transferencias relay
+    /// publishes it as it did the first time: every transfer PENDENTE longer than
+    /// `--pending-older-than` (default 5m), or the `--id`s given. For what `verify` reports as
+    /// PENDENTE too long and "not decided by the ledger". Safe to repeat: every stage is
+    /// idempotent by transfer id (a decided transfer moves no money again). Exit 1 when an
+    /// `--id` is unknown.
+    Republish(republish::RepublishArgs),
 }
 
 /// Parses the command line and environment. A bad value that came from an environment
@@ -138,6 +148,7 @@ fn main() -> ExitCode {
             Command::Topics(args) => topics::run(args).await,
             Command::Ledger(args) => services::ledger(args).await,
             Command::Verify(args) => verify::run(args).await,
+            Command::Republish(args) => republish::run(args).await,
             Command::Notificacoes(args) => services::notifications(args).await,
             Command::All(args) => services::all(*args).await,
             Command::Dlt(args) => dlt::run(args).await,

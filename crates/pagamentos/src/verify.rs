@@ -46,7 +46,7 @@ pub struct VerifyArgs {
 }
 
 /// `N`, `Ns`, `Nm` or `Nh`.
-fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let (number, unit) = match text.char_indices().last() {
         Some((at, 's' | 'm' | 'h')) => text.split_at(at),
         _ => (text, "s"),

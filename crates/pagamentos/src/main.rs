@@ -5,6 +5,7 @@
 //! - [`migrate`]: `pagamentos migrate`, both databases' embedded migrations.
 //! - [`topics`]: `pagamentos topics`, create or verify every topic.
 //! - [`services`]: the service subcommands (start, wait for the signal, drain).
+//! - [`replication`]: the replication floor (3, or an explicit opt-in below it).
 //! - [`verify`]: `pagamentos verify`, the books against the contract's invariants.
 //! - [`dlt`]: `pagamentos dlt list|replay`, dead letters for operators.
 //! - [`republish`]: `pagamentos republish`, the request event of stuck transfers again.
@@ -17,6 +18,7 @@ mod database;
 mod dlt;
 mod load;
 mod migrate;
+mod replication;
 mod republish;
 mod services;
 mod shutdown;
@@ -61,7 +63,8 @@ enum Command {
     /// Apply the embedded database migrations (services also migrate on start).
     Migrate(migrate::MigrateArgs),
     /// Create or verify every topic idempotently; exit 1 if an existing topic differs from the
-    /// configuration (partitions, replication factor, min.insync.replicas, retention).
+    /// configuration (partitions, replication factor, min.insync.replicas, retention). Fewer
+    /// than 3 replicas are refused without `--allow-under-replicated`, as by every service.
     Topics(topics::TopicsCommand),
     /// Drive transfers through the HTTP API on an open-loop schedule and report throughput and
     /// latency from each POST to its final status; the last line is one JSON object. Exit 1

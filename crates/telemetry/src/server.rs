@@ -271,7 +271,7 @@ mod tests {
     async fn a_request_past_the_timeout_is_answered_503_problem_and_others_are_not() {
         let limits = Limits { request_timeout: Duration::from_millis(300), ..Limits::default() };
         let app = Router::new()
-            .route("/stuck", get(|| std::future::pending::<&'static str>()))
+            .route("/stuck", get(std::future::pending::<&'static str>))
             .route("/healthz", get(|| async { "ok" }));
         let (address, serve) =
             bind_with("test", "127.0.0.1:0".parse().expect("address"), app, std::future::pending(), limits)

@@ -199,3 +199,37 @@ pub fn settled_transfer_ids(
     sqlx::query_scalar("SELECT transferencia_id FROM transferencia_processada WHERE resultado = 'LIQUIDADA' ORDER BY transferencia_id")
         .fetch(pool)
 }
+
+/// What the ledger decided for one transfer, and what it moved: `source`, `destination`,
+/// `amount_cents` and `currency` come from the settlement's `D` and `C` entries (the source
+/// account's currency), so they are `None` for a rejection, which moves nothing and leaves
+/// only its outcome.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Decision {
+    pub transfer_id: uuid::Uuid,
+    pub result: String,
+    pub reason: Option<String>,
+    pub source: Option<String>,
+    pub destination: Option<String>,
+    pub amount_cents: Option<i64>,
+    pub currency: Option<String>,
+}
+
+/// Every transfer the ledger decided, in id order, with its entries folded in (one scan of
+/// `lancamento`, hash-joined), for invariant 4's field-by-field comparison.
+pub fn decisions(pool: &PgPool) -> impl futures::Stream<Item = Result<Decision, sqlx::Error>> + '_ {
+    sqlx::query_as(
+        "SELECT p.transferencia_id AS transfer_id, p.resultado AS result, p.motivo AS reason, \
+                e.origem AS source, e.destino AS destination, e.valor AS amount_cents, \
+                co.moeda::text AS currency \
+         FROM transferencia_processada p \
+         LEFT JOIN (SELECT transferencia_id, \
+                           min(conta_id) FILTER (WHERE tipo = 'D') AS origem, \
+                           min(conta_id) FILTER (WHERE tipo = 'C') AS destino, \
+                           max(valor_centavos) FILTER (WHERE tipo = 'D') AS valor \
+                    FROM lancamento GROUP BY transferencia_id) e USING (transferencia_id) \
+         LEFT JOIN conta co ON co.id = e.origem \
+         ORDER BY p.transferencia_id",
+    )
+    .fetch(pool)
+}

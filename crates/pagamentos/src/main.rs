@@ -5,8 +5,10 @@
 //! - [`migrate`]: `pagamentos migrate`, both databases' embedded migrations.
 //! - [`topics`]: `pagamentos topics`, create or verify every topic.
 //! - [`services`]: the service subcommands (start, wait for the signal, drain).
+//! - [`replication`]: the replication floor (3, or an explicit opt-in below it).
 //! - [`verify`]: `pagamentos verify`, the books against the contract's invariants.
 //! - [`dlt`]: `pagamentos dlt list|replay`, dead letters for operators.
+//! - [`republish`]: `pagamentos republish`, the request event of stuck transfers again.
 //! - [`shutdown`]: SIGINT/SIGTERM → one cancellation token → drain with a deadline.
 //!
 //! This crate only parses arguments, wires crates together and handles signals; the work is
@@ -16,6 +18,8 @@ mod database;
 mod dlt;
 mod load;
 mod migrate;
+mod replication;
+mod republish;
 mod services;
 mod shutdown;
 mod topics;
@@ -59,7 +63,8 @@ enum Command {
     /// Apply the embedded database migrations (services also migrate on start).
     Migrate(migrate::MigrateArgs),
     /// Create or verify every topic idempotently; exit 1 if an existing topic differs from the
-    /// configuration (partitions, replication factor, min.insync.replicas, retention).
+    /// configuration (partitions, replication factor, min.insync.replicas, retention). Fewer
+    /// than 3 replicas are refused without `--allow-under-replicated`, as by every service.
     Topics(topics::TopicsCommand),
     /// Drive transfers through the HTTP API on an open-loop schedule and report throughput and
     /// latency from each POST to its final status; the last line is one JSON object. Exit 1
@@ -67,9 +72,19 @@ enum Command {
     /// and a rejection event.
     Loadgen(Box<loadgen::LoadgenArgs>),
     /// Check the books: the ledger's invariants 1–3 and, with `--scope all` (default), that a
-    /// transfer is LIQUIDADA in transferencias iff the ledger settled it (4). Exit 1 and a
-    /// report naming every break; 0 when clean.
+    /// transfer is LIQUIDADA in transferencias iff the ledger settled it, that every decided
+    /// transfer has the same outcome, amount, accounts and currency in both databases, and that
+    /// none is PENDENTE longer than `--pending-older-than` (4). Exit 1 and a report naming
+    /// every break; 0 when clean.
     Verify(verify::VerifyArgs),
+    /// Send the request event (`TransferenciaSolicitada`) of stuck transfers again, rebuilt
+    /// from the transfers database and written to its outbox, so the transferencias relay
+    /// publishes it as it did the first time: every transfer PENDENTE longer than
+    /// `--pending-older-than` (default 5m), or the `--id`s given. For what `verify` reports as
+    /// PENDENTE too long and "not decided by the ledger". Safe to repeat: every stage is
+    /// idempotent by transfer id (a decided transfer moves no money again). Exit 1 when an
+    /// `--id` is unknown.
+    Republish(republish::RepublishArgs),
 }
 
 /// Parses the command line and environment. A bad value that came from an environment
@@ -136,6 +151,7 @@ fn main() -> ExitCode {
             Command::Topics(args) => topics::run(args).await,
             Command::Ledger(args) => services::ledger(args).await,
             Command::Verify(args) => verify::run(args).await,
+            Command::Republish(args) => republish::run(args).await,
             Command::Notificacoes(args) => services::notifications(args).await,
             Command::All(args) => services::all(*args).await,
             Command::Dlt(args) => dlt::run(args).await,

@@ -21,6 +21,9 @@ pub struct CommonArgs {
     /// `fast` (ours) or `reference` (the article's settings, for side-by-side benchmarks).
     #[arg(long, env = "PAGAMENTOS_PROFILE", value_enum, default_value_t = Profile::Fast)]
     pub profile: Profile,
+
+    #[command(flatten)]
+    pub replication: crate::replication::ReplicationArgs,
 }
 
 #[derive(Debug, clap::Args)]
@@ -122,6 +125,7 @@ where
 }
 
 pub async fn transfers(command: TransfersCommand) -> anyhow::Result<ExitCode> {
+    command.common.replication.check(&command.common.topics)?;
     let settings = transfers::Settings {
         args: command.transfers,
         auth: command.auth,
@@ -134,6 +138,7 @@ pub async fn transfers(command: TransfersCommand) -> anyhow::Result<ExitCode> {
 }
 
 pub async fn antifraud(command: AntifraudCommand) -> anyhow::Result<ExitCode> {
+    command.common.replication.check(&command.common.topics)?;
     let settings = antifraud::Settings {
         args: command.antifraud,
         kafka: command.common.kafka,
@@ -145,6 +150,7 @@ pub async fn antifraud(command: AntifraudCommand) -> anyhow::Result<ExitCode> {
 }
 
 pub async fn ledger(command: LedgerCommand) -> anyhow::Result<ExitCode> {
+    command.common.replication.check(&command.common.topics)?;
     let settings = ledger::Settings {
         args: command.ledger,
         auth: command.auth,
@@ -156,6 +162,7 @@ pub async fn ledger(command: LedgerCommand) -> anyhow::Result<ExitCode> {
 }
 
 pub async fn notifications(command: NotificationsCommand) -> anyhow::Result<ExitCode> {
+    command.common.replication.check(&command.common.topics)?;
     let settings = notifications::Settings {
         args: command.notifications,
         kafka: command.common.kafka,
@@ -172,6 +179,7 @@ pub async fn notifications(command: NotificationsCommand) -> anyhow::Result<Exit
 /// The four services in one process: one runtime, one telemetry set-up, one shutdown signal
 /// that drains every loop; each service keeps its own port.
 pub async fn all(command: AllCommand) -> anyhow::Result<ExitCode> {
+    command.common.replication.check(&command.common.topics)?;
     let AllCommand {
         transfers: transfers_args,
         ledger: ledger_args,
@@ -181,7 +189,7 @@ pub async fn all(command: AllCommand) -> anyhow::Result<ExitCode> {
         common,
     } = command;
     serve("all", |token, tracker| async move {
-        let CommonArgs { kafka, topics, profile } = common;
+        let CommonArgs { kafka, topics, profile, .. } = common;
         // downstream first, so nothing the upstream services publish waits for a consumer
         let ledger = ledger::start(
             ledger::Settings {

@@ -1,8 +1,11 @@
-//! `pagamentos topics`: creates or verifies every topic of the contract.
+//! `pagamentos topics`: creates or verifies every topic of the contract (fewer than 3 replicas
+//! only with `--allow-under-replicated`, see [`crate::replication`]).
 
 use std::process::ExitCode;
 
 use kafka::{KafkaArgs, TopicArgs};
+
+use crate::replication::ReplicationArgs;
 
 #[derive(Debug, clap::Args)]
 pub struct TopicsCommand {
@@ -11,9 +14,13 @@ pub struct TopicsCommand {
 
     #[command(flatten)]
     topics: TopicArgs,
+
+    #[command(flatten)]
+    replication: ReplicationArgs,
 }
 
 pub async fn run(args: TopicsCommand) -> anyhow::Result<ExitCode> {
+    args.replication.check(&args.topics)?;
     let specs = contracts::topics::plan(&args.kafka.topic_prefix);
     let report = kafka::topics::ensure(&args.kafka, &args.topics, &specs).await?;
     print!("{report}");

@@ -1,9 +1,10 @@
 //! `pagamentos verify [--scope ledger|all]`: the books against the contract's invariants
 //! (`CONTRACT.md` §4). The ledger's own invariants (1–3) are set-based queries in
-//! [`ledger::verify`]; invariant 4 merges the two databases' settled ids, both read in id
-//! order, so memory stays flat however many transfers there are, and reports every transfer
-//! still `PENDENTE` after `--pending-older-than`: a request event lost on its way, or a stage
-//! down, ends here and not in silence.
+//! [`ledger::verify`]; invariant 4 merges the two databases' settled ids and, field by field,
+//! their decided transfers (outcome, reason; amount, accounts and currency of a settlement),
+//! both read in id order, so memory stays flat however many transfers there are, and reports
+//! every transfer still `PENDENTE` after `--pending-older-than`: a request event lost on its
+//! way, or a stage down, ends here and not in silence.
 
 use std::cmp::Ordering;
 use std::fmt::Write as _;
@@ -23,7 +24,8 @@ use crate::database::{self, DatabaseArgs};
 pub enum Scope {
     /// Invariants 1–3, the ledger database alone.
     Ledger,
-    /// Also invariant 4: transfers LIQUIDADA in transferencias iff settled in the ledger.
+    /// Also invariant 4: transfers LIQUIDADA in transferencias iff settled in the ledger, every
+    /// decided transfer alike in both databases, none PENDENTE too long.
     All,
 }
 
@@ -44,7 +46,7 @@ pub struct VerifyArgs {
 }
 
 /// `N`, `Ns`, `Nm` or `Nh`.
-fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let (number, unit) = match text.char_indices().last() {
         Some((at, 's' | 'm' | 'h')) => text.split_at(at),
         _ => (text, "s"),
@@ -65,6 +67,7 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     if args.scope == Scope::All {
         let transfers_pool = database::connect(&args.databases.transferencias_database_url, 2).await?;
         results.push(settled_in_both(&transfers_pool, &ledger_pool).await?);
+        results.push(decided_alike(&transfers_pool, &ledger_pool).await?);
         results.push(pending_too_long(&transfers_pool, &ledger_pool, args.pending_older_than).await?);
     }
     print!("{}", report(&results));
@@ -150,6 +153,156 @@ pub async fn pending_too_long(
     }
     Ok(CheckResult { invariant: 4, check: PENDING_CHECK, rule: PENDING_RULE, total, breaks })
 }
+
+/// A transfer as `transferencia` has it, for [`decided_alike`].
+#[derive(Debug, Clone, sqlx::FromRow)]
+struct TransferRow {
+    id: Uuid,
+    conta_origem: String,
+    conta_destino: String,
+    valor_centavos: i64,
+    moeda: String,
+    status: String,
+    motivo_rejeicao: Option<String>,
+}
+
+/// Invariant 4, field by field: every transfer decided in `transferencias` and in the ledger
+/// has the same outcome (and rejection reason) in both, and a settled one moved exactly its
+/// amount, from its source to its destination, in its currency. A rejection decided on one
+/// side only is a break too (a settlement on one side only is `settled-in-both`'s); a
+/// transfer still `PENDENTE` whose outcome the ledger has is in flight (`pending-too-long`
+/// catches it if it stays). Both sides are read in id order and merged, memory stays flat.
+pub async fn decided_alike(transfers: &PgPool, ledger_pool: &PgPool) -> anyhow::Result<CheckResult> {
+    let in_transfers = sqlx::query_as::<_, TransferRow>(
+        "SELECT id, conta_origem, conta_destino, valor_centavos, moeda::text AS moeda, status, motivo_rejeicao \
+         FROM transferencia ORDER BY id",
+    )
+    .fetch(transfers);
+    let in_ledger = ledger::verify::decisions(ledger_pool);
+    let mut total = 0i64;
+    let mut breaks = Vec::new();
+    merge_join(
+        in_transfers,
+        |row| row.id,
+        in_ledger,
+        |decision| decision.transfer_id,
+        |transfer, decision| {
+            let Some((subject, detail)) = disagreement(transfer.as_ref(), decision.as_ref()) else { return };
+            total += 1;
+            if breaks.len() < LISTED as usize {
+                breaks.push(Break {
+                    invariant: 4,
+                    check: DECIDED_CHECK,
+                    subject: subject.to_string(),
+                    detail,
+                });
+            }
+        },
+    )
+    .await?;
+    Ok(CheckResult { invariant: 4, check: DECIDED_CHECK, rule: DECIDED_RULE, total, breaks })
+}
+
+/// What differs between the two databases' views of one transfer (`None`: they agree, or
+/// the difference is another check's or in flight).
+fn disagreement(
+    transfer: Option<&TransferRow>,
+    decision: Option<&ledger::verify::Decision>,
+) -> Option<(Uuid, String)> {
+    let outcome = |result: &str, reason: Option<&str>| match reason {
+        Some(reason) => format!("{result} ({reason})"),
+        None => result.to_owned(),
+    };
+    match (transfer, decision) {
+        (None, None) => None,
+        // settled on one side only: settled-in-both names it
+        (Some(transfer), None) if transfer.status == "REJEITADA" => Some((
+            transfer.id,
+            format!(
+                "{} in transferencias, not decided by the ledger",
+                outcome(&transfer.status, transfer.motivo_rejeicao.as_deref())
+            ),
+        )),
+        (None, Some(decision)) if decision.result != "LIQUIDADA" => Some((
+            decision.transfer_id,
+            format!(
+                "{} in the ledger, unknown to transferencias",
+                outcome(&decision.result, decision.reason.as_deref())
+            ),
+        )),
+        (Some(_), None) | (None, Some(_)) => None,
+        // in flight: the outcome event has not been projected yet
+        (Some(transfer), Some(_)) if transfer.status == "PENDENTE" => None,
+        (Some(transfer), Some(decision)) => {
+            let mut differences = Vec::new();
+            if transfer.status != decision.result || transfer.motivo_rejeicao != decision.reason {
+                differences.push(format!(
+                    "outcome {} in transferencias, {} in the ledger",
+                    outcome(&transfer.status, transfer.motivo_rejeicao.as_deref()),
+                    outcome(&decision.result, decision.reason.as_deref())
+                ));
+            }
+            if decision.result == "LIQUIDADA" {
+                let mut field = |name: &str, here: String, there: Option<String>| {
+                    let there = there.unwrap_or_else(|| "none".to_owned());
+                    if here != there {
+                        differences.push(format!("{name} {here} in transferencias, {there} in the ledger"));
+                    }
+                };
+                field(
+                    "amount",
+                    transfer.valor_centavos.to_string(),
+                    decision.amount_cents.map(|a| a.to_string()),
+                );
+                field("source", transfer.conta_origem.clone(), decision.source.clone());
+                field("destination", transfer.conta_destino.clone(), decision.destination.clone());
+                field("currency", transfer.moeda.clone(), decision.currency.clone());
+            }
+            (!differences.is_empty()).then(|| (transfer.id, differences.join("; ")))
+        }
+    }
+}
+
+/// Walks two id-ordered streams together, calling `visit` once per id with what each side
+/// has of it.
+async fn merge_join<L, R, E>(
+    left: impl Stream<Item = Result<L, E>>,
+    left_id: impl Fn(&L) -> Uuid,
+    right: impl Stream<Item = Result<R, E>>,
+    right_id: impl Fn(&R) -> Uuid,
+    mut visit: impl FnMut(Option<L>, Option<R>),
+) -> Result<(), E> {
+    let mut left = std::pin::pin!(left);
+    let mut right = std::pin::pin!(right);
+    let (mut a, mut b) = (left.try_next().await?, right.try_next().await?);
+    loop {
+        let order = match (&a, &b) {
+            (None, None) => return Ok(()),
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (Some(x), Some(y)) => left_id(x).cmp(&right_id(y)),
+        };
+        match order {
+            Ordering::Equal => {
+                visit(a, b);
+                a = left.try_next().await?;
+                b = right.try_next().await?;
+            }
+            Ordering::Less => {
+                visit(a, None);
+                a = left.try_next().await?;
+            }
+            Ordering::Greater => {
+                visit(None, b);
+                b = right.try_next().await?;
+            }
+        }
+    }
+}
+
+const DECIDED_CHECK: &str = "decided-alike";
+const DECIDED_RULE: &str = "a decided transfer has the same outcome in both databases, and a settled one \
+     the same amount, accounts and currency as its entries";
 
 const PENDING_CHECK: &str = "pending-too-long";
 const PENDING_RULE: &str =

@@ -6,10 +6,16 @@ use std::time::{Duration, Instant};
 
 use testkit::{unique, TestDatabase};
 
-/// Runs the binary with `env`, killing it if it outlives `limit` (then the test fails).
+/// Runs the binary with `env` (on the single-broker stack: fewer than 3 replicas allowed unless
+/// `env` says otherwise), killing it if it outlives `limit` (then the test fails).
 fn pagamentos(args: &[&str], env: &[(&str, &str)], limit: Duration) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_pagamentos"));
-    command.args(args).env("LOG_FORMAT", "pretty").stdout(Stdio::piped()).stderr(Stdio::piped());
+    command
+        .args(args)
+        .env("LOG_FORMAT", "pretty")
+        .env("PAGAMENTOS_ALLOW_UNDER_REPLICATED", "true")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     for (name, value) in env {
         command.env(name, value);
     }
@@ -160,6 +166,49 @@ fn a_malformed_environment_value_is_refused_naming_the_variable() {
     }
 }
 
+#[test]
+fn fewer_than_three_replicas_are_refused_without_the_explicit_opt_in() {
+    // nothing may be reached first: the refusal comes before any connection
+    let unreachable = [
+        ("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1"),
+        ("TRANSFERENCIAS_DATABASE_URL", "postgres://nobody:x@127.0.0.1:1/none"),
+        ("LEDGER_DATABASE_URL", "postgres://nobody:x@127.0.0.1:1/none"),
+        ("PAGAMENTOS_INSECURE_NO_AUTH", "true"),
+        ("PAGAMENTOS_ALLOW_UNDER_REPLICATED", "false"),
+    ];
+    for subcommand in ["topics", "all", "transferencias", "ledger", "antifraude", "notificacoes"] {
+        for replicas in [None, Some("2")] {
+            let mut env = unreachable.to_vec();
+            env.extend(replicas.map(|value| ("APP_KAFKA_REPLICAS", value)));
+            let output = pagamentos(&[subcommand], &env, Duration::from_secs(30));
+            let stderr = text(&output.stderr);
+            let said = format!("APP_KAFKA_REPLICAS is {}:", replicas.unwrap_or("1"));
+            assert_eq!(output.status.code(), Some(1), "{subcommand} {replicas:?}: {stderr}");
+            assert!(stderr.contains(&said) && stderr.contains("--allow-under-replicated"), "{stderr}");
+            assert!(
+                !stderr.contains("unreachable"),
+                "{subcommand}: refused only after a connection: {stderr}"
+            );
+        }
+    }
+    // the opt-in, on the command line or in the environment, gets past the check (to Kafka)
+    for opt_in in [vec!["topics", "--allow-under-replicated"], vec!["topics"]] {
+        let mut env = unreachable.to_vec();
+        if opt_in.len() == 1 {
+            env.push(("PAGAMENTOS_ALLOW_UNDER_REPLICATED", "true"));
+        }
+        let output = pagamentos(&opt_in, &env, Duration::from_secs(30));
+        let stderr = text(&output.stderr);
+        assert!(stderr.contains("Kafka at 127.0.0.1:1 unreachable"), "{opt_in:?}: {stderr}");
+        assert!(stderr.contains("fewer than 3 replicas (--allow-under-replicated)"), "logged: {stderr}");
+    }
+    // three replicas need no opt-in
+    let mut env = unreachable.to_vec();
+    env.push(("APP_KAFKA_REPLICAS", "3"));
+    let output = pagamentos(&["topics"], &env, Duration::from_secs(30));
+    assert!(text(&output.stderr).contains("Kafka at 127.0.0.1:1 unreachable"), "{}", text(&output.stderr));
+}
+
 /// A subcommand, its environment, and what its refusal must say.
 type Refusal = (&'static str, &'static [(&'static str, &'static str)], &'static str);
 
@@ -185,6 +234,7 @@ fn services_refuse_to_start_without_auth_or_a_webhook_secret() {
         command
             .arg(subcommand)
             .env("LOG_FORMAT", "pretty")
+            .env("PAGAMENTOS_ALLOW_UNDER_REPLICATED", "true")
             // nothing else may be reached first: the refusal comes before any connection
             .env("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")
             .env("TRANSFERENCIAS_DATABASE_URL", "postgres://nobody:x@127.0.0.1:1/none")

@@ -27,7 +27,7 @@ async fn books() -> (Books, Uuid) {
     let (settled, rejected) = (Uuid::new_v4(), Uuid::new_v4());
     books.settle(&[(settled, 300), (rejected, 5_000)]).await;
     books.transfer(settled, "LIQUIDADA").await;
-    books.transfer(rejected, "REJEITADA").await;
+    books.transfer_as(rejected, "REJEITADA", 5_000, Some("SALDO_INSUFICIENTE")).await;
     (books, settled)
 }
 
@@ -52,12 +52,18 @@ impl Books {
     }
 
     async fn transfer(&self, id: Uuid, status: &str) {
+        self.transfer_as(id, status, 300, None).await;
+    }
+
+    async fn transfer_as(&self, id: Uuid, status: &str, amount_cents: i64, reason: Option<&str>) {
         sqlx::query(
-            "INSERT INTO transferencia (id, conta_origem, conta_destino, valor_centavos, moeda, status) \
-             VALUES ($1, 'A', 'B', 300, 'BRL', $2)",
+            "INSERT INTO transferencia (id, conta_origem, conta_destino, valor_centavos, moeda, status, motivo_rejeicao) \
+             VALUES ($1, 'A', 'B', $3, 'BRL', $2, $4)",
         )
         .bind(id)
         .bind(status)
+        .bind(amount_cents)
+        .bind(reason)
         .execute(&self.transfers.pool)
         .await
         .expect("transfer");
@@ -90,7 +96,7 @@ async fn clean_books_exit_0() {
     let output = books.verify(&[]).await;
     let report = stdout(&output);
     assert_eq!(output.status.code(), Some(0), "{report}");
-    assert_eq!(report.lines().last(), Some("verify: clean (11 checks)"), "{report}");
+    assert_eq!(report.lines().last(), Some("verify: clean (12 checks)"), "{report}");
     assert!(!report.contains("BROKEN"));
 }
 
@@ -105,7 +111,7 @@ async fn a_transfer_settled_on_one_side_only_is_named_either_way() {
     assert_eq!(output.status.code(), Some(1), "{report}");
     assert!(report.contains("BROKEN invariant 4 settled-in-both"), "{report}");
     assert!(report.contains(&only_transfers.to_string()), "{report}");
-    assert_eq!(report.lines().last(), Some("verify: 1 breaks in 1 of 11 checks"), "{report}");
+    assert_eq!(report.lines().last(), Some("verify: 1 breaks in 1 of 12 checks"), "{report}");
 
     // --scope ledger leaves invariant 4 (and the transfers database) out
     let output =
@@ -124,6 +130,74 @@ async fn a_transfer_settled_on_one_side_only_is_named_either_way() {
     assert_eq!(output.status.code(), Some(1), "{report}");
     assert!(report.contains(&only_ledger.to_string()), "{report}");
     assert!(report.contains("settled by the ledger, PENDENTE in transferencias"), "{report}");
+}
+
+#[tokio::test]
+async fn a_decided_transfer_that_differs_between_the_databases_is_named_with_the_fields() {
+    let (books, settled) = books().await;
+    let output = books.verify(&[]).await;
+    assert_eq!(output.status.code(), Some(0), "clean before the tamper: {}", stdout(&output));
+
+    // one row tampered with in the transfers database: amount and destination of a settlement
+    sqlx::query("UPDATE transferencia SET valor_centavos = 301, conta_destino = 'C' WHERE id = $1")
+        .bind(settled)
+        .execute(&books.transfers.pool)
+        .await
+        .expect("tamper");
+    let output = books.verify(&[]).await;
+    let report = stdout(&output);
+    assert_eq!(output.status.code(), Some(1), "{report}");
+    assert!(report.contains("BROKEN invariant 4 decided-alike"), "{report}");
+    assert!(
+        report.contains(&format!(
+            "{settled}: amount 301 in transferencias, 300 in the ledger; destination C in transferencias, \
+             B in the ledger"
+        )),
+        "{report}"
+    );
+    assert_eq!(report.lines().last(), Some("verify: 1 breaks in 1 of 12 checks"), "{report}");
+
+    // a rejection: the reason differs, and one rejected on the transfers side only
+    let (books, _) = self::books().await;
+    sqlx::query(
+        "UPDATE transferencia SET motivo_rejeicao = 'BLOQUEADA_ANTIFRAUDE' WHERE status = 'REJEITADA'",
+    )
+    .execute(&books.transfers.pool)
+    .await
+    .expect("tamper");
+    let unknown = Uuid::new_v4();
+    books.transfer_as(unknown, "REJEITADA", 300, Some("CONTA_INEXISTENTE")).await;
+    let output = books.verify(&[]).await;
+    let report = stdout(&output);
+    assert_eq!(output.status.code(), Some(1), "{report}");
+    assert!(
+        report.contains(
+            "outcome REJEITADA (BLOQUEADA_ANTIFRAUDE) in transferencias, REJEITADA (SALDO_INSUFICIENTE) in the ledger"
+        ),
+        "{report}"
+    );
+    assert!(
+        report.contains(&format!(
+            "{unknown}: REJEITADA (CONTA_INEXISTENTE) in transferencias, not decided by the ledger"
+        )),
+        "{report}"
+    );
+    assert_eq!(report.lines().last(), Some("verify: 2 breaks in 1 of 12 checks"), "{report}");
+
+    // the ledger's side: its outcome row says settled where transferencias says rejected
+    let (books, _) = self::books().await;
+    sqlx::query(
+        "UPDATE transferencia_processada SET resultado = 'LIQUIDADA', motivo = NULL WHERE motivo IS NOT NULL",
+    )
+    .execute(&books.ledger.pool)
+    .await
+    .expect("tamper");
+    let output = books.verify(&[]).await;
+    let report = stdout(&output);
+    assert!(
+        report.contains("outcome REJEITADA (SALDO_INSUFICIENTE) in transferencias, LIQUIDADA in the ledger"),
+        "{report}"
+    );
 }
 
 #[tokio::test]

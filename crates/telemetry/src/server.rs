@@ -5,7 +5,10 @@
 //! is disconnected (slowloris), and past [`Limits::max_connections`] open connections a new
 //! one is answered `503` with a problem document and `Retry-After` and closed at once, counted
 //! in `http_server_connections_refused_total`, instead of waiting unseen in the kernel's
-//! backlog.
+//! backlog. A request not answered within [`Limits::request_timeout`] (30 s by default,
+//! `PAGAMENTOS_HTTP_REQUEST_TIMEOUT_MS`) is abandoned (its handler dropped, an open database
+//! transaction rolled back) and answered `503` `/problems/timeout` with `Retry-After`,
+//! counted in `http_server_requests_timed_out_total`.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -27,12 +30,64 @@ pub struct Limits {
     pub header_read_timeout: Duration,
     /// Most connections open at once.
     pub max_connections: usize,
+    /// Longest time a request may take to be answered, from its head read to its response.
+    pub request_timeout: Duration,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { header_read_timeout: Duration::from_secs(10), max_connections: 1_024 }
+        Self {
+            header_read_timeout: Duration::from_secs(10),
+            max_connections: 1_024,
+            request_timeout: Duration::from_secs(30),
+        }
     }
+}
+
+/// Environment variable of [`Limits::request_timeout`], in milliseconds.
+pub const REQUEST_TIMEOUT_VARIABLE: &str = "PAGAMENTOS_HTTP_REQUEST_TIMEOUT_MS";
+
+impl Limits {
+    /// The defaults, with the request timeout from [`REQUEST_TIMEOUT_VARIABLE`] when set;
+    /// `Err` naming the variable when it is not a positive number of milliseconds.
+    pub fn from_env() -> std::io::Result<Self> {
+        let mut limits = Self::default();
+        if let Ok(text) = std::env::var(REQUEST_TIMEOUT_VARIABLE) {
+            let millis = text.trim().parse::<u64>().ok().filter(|millis| *millis > 0).ok_or_else(|| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("{REQUEST_TIMEOUT_VARIABLE}={text:?}: a positive number of milliseconds"),
+                )
+            })?;
+            limits.request_timeout = Duration::from_millis(millis);
+        }
+        Ok(limits)
+    }
+}
+
+/// What a request past [`Limits::request_timeout`] is answered (as problem+json).
+fn timed_out(name: &'static str, limit: Duration) -> axum::response::Response {
+    metrics::counter!("http_server_requests_timed_out_total", "server" => name).increment(1);
+    tracing::warn!(name, limit_ms = limit.as_millis() as u64, "request timed out; abandoned");
+    // by hand: no JSON library in this crate, and nothing in it needs escaping
+    let body = format!(
+        "{{\"type\":\"/problems/timeout\",\"title\":\"Request timeout\",\"status\":503,\"detail\":\"the request \
+         was not answered within {} ms and was abandoned; it may or may not have taken effect: look the result \
+         up, or retry (with the same Idempotency-Key where there is one)\"}}",
+        limit.as_millis()
+    );
+    let mut response = axum::response::IntoResponse::into_response((
+        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        [
+            (axum::http::header::CONTENT_TYPE, "application/problem+json"),
+            (axum::http::header::RETRY_AFTER, "1"),
+        ],
+        body,
+    ));
+    response
+        .headers_mut()
+        .insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+    response
 }
 
 /// What a connection past the limit is told before it is closed.
@@ -42,14 +97,14 @@ const TOO_MANY_CONNECTIONS: &str = "HTTP/1.1 503 Service Unavailable\r\n\
 
 /// Binds `address` (port 0 picks a free one) and returns the bound address with the future
 /// that serves `app` until `shutdown` resolves, for the caller to spawn on its task tracker.
-/// `name` labels the log lines. [`Limits::default`] applies.
+/// `name` labels the log lines. [`Limits::from_env`] applies.
 pub async fn bind(
     name: &'static str,
     address: SocketAddr,
     app: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<(SocketAddr, impl Future<Output = ()> + Send + 'static)> {
-    bind_with(name, address, app, shutdown, Limits::default()).await
+    bind_with(name, address, app, shutdown, Limits::from_env()?).await
 }
 
 /// [`bind`] with explicit `limits`. On shutdown the listener closes, idle connections are
@@ -61,6 +116,15 @@ pub async fn bind_with(
     shutdown: impl Future<Output = ()> + Send + 'static,
     limits: Limits,
 ) -> std::io::Result<(SocketAddr, impl Future<Output = ()> + Send + 'static)> {
+    let limit = limits.request_timeout;
+    let app = app.layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| async move {
+            match tokio::time::timeout(limit, next.run(request)).await {
+                Ok(response) => response,
+                Err(_) => timed_out(name, limit),
+            }
+        },
+    ));
     let listener = tokio::net::TcpListener::bind(address).await?;
     let bound = listener.local_addr()?;
     tracing::info!(address = %bound, name, "listening");
@@ -132,7 +196,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_client_that_never_finishes_its_headers_is_disconnected() {
-        let limits = Limits { header_read_timeout: Duration::from_millis(300), max_connections: 8 };
+        let limits = Limits {
+            header_read_timeout: Duration::from_millis(300),
+            max_connections: 8,
+            ..Limits::default()
+        };
         let app = Router::new().route("/healthz", get(|| async { "ok" }));
         let (address, serve) =
             bind_with("test", "127.0.0.1:0".parse().expect("address"), app, std::future::pending(), limits)
@@ -172,7 +240,8 @@ mod tests {
                 }),
             )
         };
-        let limits = Limits { header_read_timeout: Duration::from_secs(30), max_connections: 2 };
+        let limits =
+            Limits { header_read_timeout: Duration::from_secs(30), max_connections: 2, ..Limits::default() };
         let (address, serve) =
             bind_with("test", "127.0.0.1:0".parse().expect("address"), app, std::future::pending(), limits)
                 .await
@@ -196,5 +265,34 @@ mod tests {
         for mut stream in held {
             assert!(read_all(&mut stream).await.starts_with("HTTP/1.1 200"));
         }
+    }
+
+    #[tokio::test]
+    async fn a_request_past_the_timeout_is_answered_503_problem_and_others_are_not() {
+        let limits = Limits { request_timeout: Duration::from_millis(300), ..Limits::default() };
+        let app = Router::new()
+            .route("/stuck", get(std::future::pending::<&'static str>))
+            .route("/healthz", get(|| async { "ok" }));
+        let (address, serve) =
+            bind_with("test", "127.0.0.1:0".parse().expect("address"), app, std::future::pending(), limits)
+                .await
+                .expect("bind");
+        tokio::spawn(serve);
+        let mut stuck = TcpStream::connect(address).await.expect("connect");
+        stuck.write_all(b"GET /stuck HTTP/1.1\r\nhost: x\r\n\r\n").await.expect("request");
+        // without the timeout this read would wait for its own 60 s limit and find nothing
+        let answer = read_all(&mut stuck).await;
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer:?}");
+        assert!(answer.contains("content-type: application/problem+json"), "{answer:?}");
+        assert!(answer.contains("retry-after: 1"), "{answer:?}");
+        let body: serde_json::Value =
+            serde_json::from_str(answer.split_once("\r\n\r\n").expect("body").1).expect("JSON");
+        assert_eq!((body["type"].as_str(), body["status"].as_u64()), (Some("/problems/timeout"), Some(503)));
+        let mut fine = TcpStream::connect(address).await.expect("connect");
+        fine.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .expect("request");
+        let answer = read_all(&mut fine).await;
+        assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("ok"), "{answer:?}");
     }
 }

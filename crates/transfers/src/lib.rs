@@ -8,6 +8,8 @@
 //! - [`store`]: the `transferencias` database: transfer + outbox event + idempotency key in one
 //!   transaction; queries; the projection's idempotent status update.
 //! - [`projection`]: outcome events → final status (group `transferencias-projecao`).
+//! - [`republish`]: a stuck transfer's request event written to the outbox again
+//!   (`pagamentos republish`).
 //! - `migrations/`: the schema, embedded as [`MIGRATOR`].
 //! - [`start`]: wires the API, the outbox relay, the backlog gauges and the projection.
 //!
@@ -19,6 +21,7 @@ pub mod api;
 pub mod domain;
 pub mod error;
 pub mod projection;
+pub mod republish;
 pub mod store;
 pub mod writer;
 

@@ -16,7 +16,7 @@ pub const ADMIN_TOKEN: &str = "test-admin-token";
 pub const WEBHOOK_SECRET: &str = "test-webhook-secret";
 
 /// `pagamentos <subcommand>` on the test's topics (3 partitions) and group protocol, with the
-/// test tokens and webhook secret, logging only warnings to nowhere, killed when dropped; the
+/// test tokens and webhook secret, fewer than 3 replicas allowed, logging only warnings to nowhere, killed when dropped; the
 /// caller adds the service's own settings and spawns it.
 pub fn service(topics: &TestTopics, subcommand: &str) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_pagamentos"));
@@ -26,6 +26,8 @@ pub fn service(topics: &TestTopics, subcommand: &str) -> Command {
         .env("KAFKA_GROUP_PROTOCOL", topics.args.group_protocol.to_string())
         .env("PAGAMENTOS_TOPIC_PREFIX", &topics.args.topic_prefix)
         .env("APP_KAFKA_PARTITIONS", "3")
+        // the tests' topics have the replicas the test chose, 1 on the local stack
+        .env("PAGAMENTOS_ALLOW_UNDER_REPLICATED", "true")
         .env("PAGAMENTOS_API_TOKEN", API_TOKEN)
         .env("PAGAMENTOS_ADMIN_TOKEN", ADMIN_TOKEN)
         .env("NOTIFICACOES_WEBHOOK_SECRET", WEBHOOK_SECRET)

@@ -215,6 +215,13 @@ fn disagreement(
     };
     match (transfer, decision) {
         (None, None) => None,
+        // blocked by antifraude: decided before the ledger, which never hears of it
+        (Some(transfer), None)
+            if transfer.motivo_rejeicao.as_deref()
+                == Some(contracts::events::RejectionReason::BlockedByAntifraud.as_str()) =>
+        {
+            None
+        }
         // settled on one side only: settled-in-both names it
         (Some(transfer), None) if transfer.status == "REJEITADA" => Some((
             transfer.id,

@@ -28,6 +28,8 @@ async fn books() -> (Books, Uuid) {
     books.settle(&[(settled, 300), (rejected, 5_000)]).await;
     books.transfer(settled, "LIQUIDADA").await;
     books.transfer_as(rejected, "REJEITADA", 5_000, Some("SALDO_INSUFICIENTE")).await;
+    // blocked by antifraude: decided before the ledger, which never hears of it (no break)
+    books.transfer_as(Uuid::new_v4(), "REJEITADA", 900_000, Some("BLOQUEADA_ANTIFRAUDE")).await;
     (books, settled)
 }
 

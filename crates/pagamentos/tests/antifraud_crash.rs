@@ -1,12 +1,13 @@
 //! Exactly-once through crashes: `pagamentos antifraude` is SIGKILLed twice mid-stream and
-//! restarted; a `read_committed` reader sees exactly one output per input.
+//! restarted, one of two instances dies, a frozen instance is replaced and then resumed as a
+//! zombie; a `read_committed` reader sees exactly one output per input, reading the topics to
+//! their end once the services are stopped.
 
 mod common;
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use kafka::config::{consumer_config, OffsetCommit};
 use kafka::rdkafka::message::Message;
 use serde_json::Value;
 use tokio::process::Child;
@@ -31,27 +32,34 @@ fn antifraude_instance(topics: &TestTopics, transactional_prefix: &str, instance
         .expect("start pagamentos antifraude")
 }
 
-/// Committed outputs per transfer id, read until every input has one and 3 s more pass.
+/// Committed outputs per transfer id, and their total: the output topics read to their end
+/// once every input has an output (the caller has stopped the services by then, so the end
+/// comes once the broker has resolved their last transactions).
 async fn committed_outputs(topics: &TestTopics) -> (HashMap<String, usize>, usize) {
-    let reader = kafka::consumer::subscribe(
-        &consumer_config(&topics.args, "test", &unique("reader"), OffsetCommit::StoredAfterHandling),
-        &[&topics.topic(topics::ANALYSED), &topics.topic(topics::REJECTED)],
-    )
-    .expect("reader");
     let mut outputs: HashMap<String, usize> = HashMap::new();
     let mut total = 0;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    let mut quiet_until: Option<tokio::time::Instant> = None;
-    while let Ok(record) = tokio::time::timeout_at(quiet_until.unwrap_or(deadline), reader.recv()).await {
-        let record = record.expect("receive");
-        let event: Value = serde_json::from_slice(record.payload().expect("payload")).expect("json");
-        *outputs.entry(event["transferenciaId"].as_str().expect("id").to_owned()).or_default() += 1;
-        total += 1;
-        if outputs.len() == INPUTS && quiet_until.is_none() {
-            quiet_until = Some(tokio::time::Instant::now() + Duration::from_secs(3));
+    for topic in [topics.topic(topics::ANALYSED), topics.topic(topics::REJECTED)] {
+        for record in testkit::read_to_end(&topics.args, &topic).await {
+            let event: Value = serde_json::from_slice(record.payload().expect("payload")).expect("json");
+            *outputs.entry(event["transferenciaId"].as_str().expect("id").to_owned()).or_default() += 1;
+            total += 1;
         }
     }
     (outputs, total)
+}
+
+/// Waits until every input has a committed output: the output topics read to their current
+/// end (no consumer group of the test's, whose own rebalances could stall it), again and again.
+async fn every_input_answered(topics: &TestTopics) {
+    let mut answered = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    while answered < INPUTS {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {answered} of {INPUTS} inputs answered in 180 s"
+        );
+        answered = committed_outputs(topics).await.0.len();
+    }
 }
 
 fn assert_exactly_once(ids: &[Uuid], outputs: &HashMap<String, usize>, total: usize) {
@@ -78,8 +86,9 @@ async fn sigkill_mid_stream_twice_leaves_exactly_one_output_per_input() {
         service = antifraude(&topics, &transactional_prefix);
     }
     feeding.await.expect("feed");
-    let (outputs, total) = committed_outputs(&topics).await;
+    every_input_answered(&topics).await;
     service.kill().await.expect("stop");
+    let (outputs, total) = committed_outputs(&topics).await;
     assert_exactly_once(&ids, &outputs, total);
 }
 
@@ -95,7 +104,58 @@ async fn when_one_of_two_instances_dies_the_other_takes_over_without_duplicates(
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     first.kill().await.expect("SIGKILL the first instance");
     feeding.await.expect("feed");
-    let (outputs, total) = committed_outputs(&topics).await;
+    every_input_answered(&topics).await;
     second.kill().await.expect("stop");
+    let (outputs, total) = committed_outputs(&topics).await;
+    assert_exactly_once(&ids, &outputs, total);
+}
+
+/// Kafka's zombie: an instance frozen mid-stream (SIGSTOP) is replaced by one with the same
+/// transactional id, which fences it when it registers and carries on; the frozen one, resumed
+/// after its replacement committed, must not get a single late write through.
+#[tokio::test]
+async fn a_resumed_zombie_with_the_same_transactional_id_is_fenced() {
+    testkit::init_logs();
+    let topics = TestTopics::plan(3).await;
+    let transactional_prefix = unique("tx-zombie");
+    let ids: Vec<Uuid> = (0..INPUTS).map(|_| Uuid::new_v4()).collect();
+    let feeding = testkit::feed_requests(&topics, ids.clone(), Duration::from_millis(100));
+    let mut zombie = antifraude_instance(&topics, &transactional_prefix, "same");
+    // freeze it once it is committing outputs: it then holds a batch, maybe a transaction
+    let outputs = [topics.topic(topics::ANALYSED), topics.topic(topics::REJECTED)];
+    let written = || async {
+        let mut sum = 0;
+        for topic in &outputs {
+            sum += testkit::records_written(&topics.args, topic).await;
+        }
+        sum
+    };
+    testkit::eventually("the first instance's outputs", Duration::from_secs(60), || async {
+        (written().await >= 100).then_some(())
+    })
+    .await;
+    let signal = |signal: &'static str, pid: u32| async move {
+        let status = tokio::process::Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .await
+            .expect("kill");
+        assert!(status.success(), "kill {signal}");
+    };
+    let zombie_pid = zombie.id().expect("pid");
+    signal("-STOP", zombie_pid).await;
+    let frozen_at = written().await;
+    // the replacement, same transactional id: it fences the frozen one and carries on
+    let mut replacement = antifraude_instance(&topics, &transactional_prefix, "same");
+    testkit::eventually("the replacement's outputs", Duration::from_secs(120), || async {
+        (written().await >= frozen_at + 200).then_some(())
+    })
+    .await;
+    signal("-CONT", zombie_pid).await;
+    feeding.await.expect("feed");
+    every_input_answered(&topics).await;
+    zombie.kill().await.expect("stop the zombie");
+    replacement.kill().await.expect("stop the replacement");
+    let (outputs, total) = committed_outputs(&topics).await;
     assert_exactly_once(&ids, &outputs, total);
 }

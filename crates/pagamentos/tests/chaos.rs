@@ -51,10 +51,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kafka::rdkafka::consumer::Consumer;
-use kafka::rdkafka::error::KafkaError;
 use kafka::rdkafka::message::Message;
-use kafka::rdkafka::{Offset, TopicPartitionList};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
@@ -472,42 +469,13 @@ async fn read_all(system: &System, topics: &[String]) -> Vec<Value> {
     })
     .await;
     let mut records = Vec::new();
-    // one reader per topic: librdkafka's end-of-partition event names the partition only
     for topic in topics {
-        let mut config = kafka::config::base_consumer_settings(&system.topics.args, "chaos-reader");
-        config
-            .set("group.id", testkit::unique("chaos-reader"))
-            .set("enable.auto.commit", "false")
-            .set("enable.partition.eof", "true");
-        let reader: kafka::consumer::KafkaConsumer = kafka::context::create(&config).expect("reader");
-        let partitions =
-            kafka::topics::partitions(reader.client(), topic, Duration::from_secs(30)).expect("metadata");
-        assert!(!partitions.is_empty(), "{topic} has no partitions");
-        let mut assignment = TopicPartitionList::new();
-        for partition in &partitions {
-            assignment.add_partition_offset(topic, *partition, Offset::Beginning).expect("offset");
-        }
-        reader.assign(&assignment).expect("assign");
-        let mut open: HashSet<i32> = partitions.into_iter().collect();
-        while !open.is_empty() {
-            let received =
-                tokio::time::timeout(Duration::from_secs(60), reader.recv()).await.unwrap_or_else(|_| {
-                    panic!("{topic}: no record nor end of partition in 60 s; open: {open:?}")
-                });
-            match received {
-                Ok(record) => {
-                    let payload = record.payload().unwrap_or_default();
-                    let mut value: Value = serde_json::from_slice(payload)
-                        .unwrap_or_else(|_| json!({"raw": String::from_utf8_lossy(payload)}));
-                    value["_at"] =
-                        json!(format!("{}/{}/{}", record.topic(), record.partition(), record.offset()));
-                    records.push(value);
-                }
-                Err(KafkaError::PartitionEOF(partition)) => {
-                    open.remove(&partition);
-                }
-                Err(error) => panic!("reading {topic}: {error}"),
-            }
+        for record in testkit::read_to_end(&system.topics.args, topic).await {
+            let payload = record.payload().unwrap_or_default();
+            let mut value: Value = serde_json::from_slice(payload)
+                .unwrap_or_else(|_| json!({"raw": String::from_utf8_lossy(payload)}));
+            value["_at"] = json!(format!("{}/{}/{}", record.topic(), record.partition(), record.offset()));
+            records.push(value);
         }
     }
     records

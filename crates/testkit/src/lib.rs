@@ -303,3 +303,45 @@ pub async fn records_written(args: &kafka::KafkaArgs, topic: &str) -> i64 {
     .await
     .expect("watermark task")
 }
+
+/// Every committed record of `topic` (read_committed), read to the end of each partition as
+/// librdkafka reports it: under read_committed that end is the last stable offset, so it is
+/// reached only once no transaction on the partition is still open (a producer killed
+/// mid-transaction holds it until the broker aborts that transaction). No quiet time window
+/// decides that the reading is over; a partition that neither delivers nor ends in 120 s fails
+/// the test.
+pub async fn read_to_end(args: &kafka::KafkaArgs, topic: &str) -> Vec<kafka::rdkafka::message::OwnedMessage> {
+    use kafka::rdkafka::consumer::Consumer;
+    use kafka::rdkafka::error::KafkaError;
+    use kafka::rdkafka::{Offset, TopicPartitionList};
+    let mut config = kafka::config::base_consumer_settings(args, "test-reader");
+    config
+        .set("group.id", unique("reader"))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true");
+    let reader: kafka::consumer::KafkaConsumer = kafka::context::create(&config).expect("reader");
+    let partitions =
+        kafka::topics::partitions(reader.client(), topic, Duration::from_secs(30)).expect("metadata");
+    assert!(!partitions.is_empty(), "{topic} does not exist");
+    let mut assignment = TopicPartitionList::new();
+    for partition in &partitions {
+        assignment.add_partition_offset(topic, *partition, Offset::Beginning).expect("offset");
+    }
+    reader.assign(&assignment).expect("assign");
+    let mut open: std::collections::HashSet<i32> = partitions.into_iter().collect();
+    let mut records = Vec::new();
+    while !open.is_empty() {
+        let received = tokio::time::timeout(Duration::from_secs(120), reader.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{topic}: no record nor end of partition in 120 s; open: {open:?}"));
+        match received {
+            Ok(record) => records.push(record.detach()),
+            // (one reader per topic: the event names the partition only)
+            Err(KafkaError::PartitionEOF(partition)) => {
+                open.remove(&partition);
+            }
+            Err(error) => panic!("reading {topic}: {error}"),
+        }
+    }
+    records
+}

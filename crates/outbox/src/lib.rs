@@ -21,7 +21,7 @@
 //! At least once: a crash after the broker's acknowledgement and before the mark publishes the
 //! row again with the same `eventoId` (consumers deduplicate by it); a row is never lost.
 //! Per-key order holds for events committed one after the other, because only the relay that
-//! holds the database's advisory lock publishes, in `criado_em` order, and the idempotent
+//! holds the database's advisory lock publishes, in `sequencia` order, and the idempotent
 //! producer keeps each partition's order across retries.
 
 pub mod error;
@@ -78,13 +78,15 @@ pub async fn insert_many(connection: &mut PgConnection, events: &[NewEvent<'_>])
         return Ok(());
     }
     let ids: Vec<Uuid> = events.iter().map(|event| event.id).collect();
-    // criado_em orders the relay: rows of one statement get increasing times in input order
+    // `sequencia` orders the relay: drawn as the rows are inserted, in input order (`ORDER BY
+    // ordem`); criado_em also increases in input order, for the humans reading the table
     sqlx::query(
         "INSERT INTO outbox_evento (id, topico, chave, tipo, payload, traceparent, tracestate, criado_em) \
          SELECT id, topico, chave, tipo, payload, traceparent, tracestate, \
                 clock_timestamp() + (ordem - 1) * interval '1 microsecond' \
          FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[]) \
-              WITH ORDINALITY AS novo(id, topico, chave, tipo, payload, traceparent, tracestate, ordem)",
+              WITH ORDINALITY AS novo(id, topico, chave, tipo, payload, traceparent, tracestate, ordem) \
+         ORDER BY ordem",
     )
     .bind(ids)
     .bind(events.iter().map(|event| event.topic).collect::<Vec<_>>())

@@ -95,6 +95,9 @@ pub struct PendingEvent {
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
     pub criado_em: OffsetDateTime,
+    /// The acceptance order: drawn at insert, in insert order (`criado_em` is one value for
+    /// every row of a transaction).
+    pub sequencia: i64,
 }
 
 impl PendingEvent {
@@ -117,13 +120,13 @@ impl PendingEvent {
     }
 }
 
-/// Step 1: locks up to `limit` pending rows, oldest first, skipping rows another transaction
-/// holds.
+/// Step 1: locks up to `limit` pending rows in acceptance order (`sequencia`), skipping rows
+/// another transaction holds.
 pub async fn claim(tx: &mut Transaction<'_, Postgres>, limit: i64) -> Result<Vec<PendingEvent>, Error> {
     Ok(sqlx::query_as(
-        "SELECT id, topico, chave, tipo, payload, traceparent, tracestate, criado_em \
+        "SELECT id, topico, chave, tipo, payload, traceparent, tracestate, criado_em, sequencia \
          FROM outbox_evento WHERE publicado_em IS NULL \
-         ORDER BY criado_em, id LIMIT $1 FOR UPDATE SKIP LOCKED",
+         ORDER BY sequencia LIMIT $1 FOR UPDATE SKIP LOCKED",
     )
     .bind(limit)
     .fetch_all(&mut **tx)

@@ -6,20 +6,22 @@
 //! # Layout
 //! - [`insert`]: add an event to the caller's transaction.
 //! - [`relay`]: the relay loop: one active relay per database (an advisory lock), batches
-//!   claimed with `FOR UPDATE SKIP LOCKED`, published with the idempotent producer, marked
-//!   published in the same transaction once the broker acknowledged them.
-//! - [`metrics`]: `outbox_pendentes` and `outbox_oldest_pending_seconds`.
+//!   leased to the relay instance in a short transaction (`FOR UPDATE SKIP LOCKED`), published
+//!   with the idempotent producer, marked published once the broker acknowledged them.
+//! - [`metrics`]: `outbox_pendentes`, `outbox_oldest_pending_seconds`, `outbox_reservados`.
 //! - [`health`]: PostgreSQL readiness for `/readyz` (the shared floor of the services that own
 //!   a database).
 //!
 //! # Architecture invariant
 //! Knows the `outbox_evento` table and nothing else of a service's schema. Each service's own
-//! migrations create the table (the article's columns plus `traceparent`/`tracestate` and the
+//! migrations create the table (the article's columns plus `traceparent`/`tracestate`, the
+//! acceptance order `sequencia`, the lease `reservado_por`/`reservado_ate` and the
 //! `NOTIFY outbox_evento` insert trigger, see [`NOTIFY_CHANNEL`]).
 //!
 //! # Guarantees
 //! At least once: a crash after the broker's acknowledgement and before the mark publishes the
-//! row again with the same `eventoId` (consumers deduplicate by it); a row is never lost.
+//! row again with the same `eventoId` once its lease ends (consumers deduplicate by it); a row
+//! is never lost, and never marked published without the broker's acknowledgement.
 //! Per-key order holds for events committed one after the other, because only the relay that
 //! holds the database's advisory lock publishes, in `sequencia` order, and the idempotent
 //! producer keeps each partition's order across retries.

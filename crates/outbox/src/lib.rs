@@ -6,22 +6,24 @@
 //! # Layout
 //! - [`insert`]: add an event to the caller's transaction.
 //! - [`relay`]: the relay loop: one active relay per database (an advisory lock), batches
-//!   claimed with `FOR UPDATE SKIP LOCKED`, published with the idempotent producer, marked
-//!   published in the same transaction once the broker acknowledged them.
-//! - [`metrics`]: `outbox_pendentes` and `outbox_oldest_pending_seconds`.
+//!   leased to the relay instance in a short transaction (`FOR UPDATE SKIP LOCKED`), published
+//!   with the idempotent producer, marked published once the broker acknowledged them.
+//! - [`metrics`]: `outbox_pendentes`, `outbox_oldest_pending_seconds`, `outbox_reservados`.
 //! - [`health`]: PostgreSQL readiness for `/readyz` (the shared floor of the services that own
 //!   a database).
 //!
 //! # Architecture invariant
 //! Knows the `outbox_evento` table and nothing else of a service's schema. Each service's own
-//! migrations create the table (the article's columns plus `traceparent`/`tracestate` and the
+//! migrations create the table (the article's columns plus `traceparent`/`tracestate`, the
+//! acceptance order `sequencia`, the lease `reservado_por`/`reservado_ate` and the
 //! `NOTIFY outbox_evento` insert trigger, see [`NOTIFY_CHANNEL`]).
 //!
 //! # Guarantees
 //! At least once: a crash after the broker's acknowledgement and before the mark publishes the
-//! row again with the same `eventoId` (consumers deduplicate by it); a row is never lost.
+//! row again with the same `eventoId` once its lease ends (consumers deduplicate by it); a row
+//! is never lost, and never marked published without the broker's acknowledgement.
 //! Per-key order holds for events committed one after the other, because only the relay that
-//! holds the database's advisory lock publishes, in `criado_em` order, and the idempotent
+//! holds the database's advisory lock publishes, in `sequencia` order, and the idempotent
 //! producer keeps each partition's order across retries.
 
 pub mod error;
@@ -78,13 +80,15 @@ pub async fn insert_many(connection: &mut PgConnection, events: &[NewEvent<'_>])
         return Ok(());
     }
     let ids: Vec<Uuid> = events.iter().map(|event| event.id).collect();
-    // criado_em orders the relay: rows of one statement get increasing times in input order
+    // `sequencia` orders the relay: drawn as the rows are inserted, in input order (`ORDER BY
+    // ordem`); criado_em also increases in input order, for the humans reading the table
     sqlx::query(
         "INSERT INTO outbox_evento (id, topico, chave, tipo, payload, traceparent, tracestate, criado_em) \
          SELECT id, topico, chave, tipo, payload, traceparent, tracestate, \
                 clock_timestamp() + (ordem - 1) * interval '1 microsecond' \
          FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[]) \
-              WITH ORDINALITY AS novo(id, topico, chave, tipo, payload, traceparent, tracestate, ordem)",
+              WITH ORDINALITY AS novo(id, topico, chave, tipo, payload, traceparent, tracestate, ordem) \
+         ORDER BY ordem",
     )
     .bind(ids)
     .bind(events.iter().map(|event| event.topic).collect::<Vec<_>>())

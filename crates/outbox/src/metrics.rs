@@ -1,5 +1,7 @@
 //! The backlog gauges (`CONTRACT.md` §5): `outbox_pendentes` (unpublished rows) and
-//! `outbox_oldest_pending_seconds` (age of the oldest), labelled with the database.
+//! `outbox_oldest_pending_seconds` (age of the oldest), labelled with the database; and ours,
+//! `outbox_reservados`: unpublished rows under a live relay lease (claimed, waiting for the
+//! broker's answer, or left by a relay that died until its lease ends).
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -12,10 +14,11 @@ use tokio_util::sync::CancellationToken;
 /// pending rows keeps it cheap however large the published history is).
 pub const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 
-/// The current backlog: (rows, age of the oldest in seconds).
-pub async fn backlog(pool: &PgPool) -> Result<(i64, f64), sqlx::Error> {
+/// The current backlog: (rows, age of the oldest in seconds, rows under a live lease).
+pub async fn backlog(pool: &PgPool) -> Result<(i64, f64, i64), sqlx::Error> {
     sqlx::query_as(
-        "SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(criado_em))::float8, 0) \
+        "SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(criado_em))::float8, 0), \
+                count(*) FILTER (WHERE reservado_ate > now()) \
          FROM outbox_evento WHERE publicado_em IS NULL",
     )
     .fetch_one(pool)
@@ -49,11 +52,12 @@ pub async fn run(pool: PgPool, database: &'static str, measured: Backlog, shutdo
             _ = interval.tick() => {}
         }
         match backlog(&pool).await {
-            Ok((rows, oldest_seconds)) => {
+            Ok((rows, oldest_seconds, leased)) => {
                 measured.set(rows);
                 ::metrics::gauge!("outbox_pendentes", "database" => database).set(rows as f64);
                 ::metrics::gauge!("outbox_oldest_pending_seconds", "database" => database)
                     .set(oldest_seconds);
+                ::metrics::gauge!("outbox_reservados", "database" => database).set(leased as f64);
             }
             Err(error) => tracing::warn!(%error, database, "outbox backlog unreadable"),
         }

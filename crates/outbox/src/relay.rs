@@ -1,35 +1,55 @@
 //! The outbox relay: one active instance per database, publishing pending rows in batches.
 //!
 //! Leadership is a PostgreSQL session advisory lock held on a dedicated connection: only the
-//! holder publishes, so events of one key leave in commit order even with several service
+//! holder publishes, so events of one key leave in acceptance order even with several service
 //! instances; a standby retries the lock every second and takes over when the holder's
-//! connection dies. Each cycle, in one database transaction:
+//! connection dies. Each cycle:
 //!
-//! 1. [`claim`] up to `batch_rows_max` pending rows, oldest first, `FOR UPDATE SKIP LOCKED`;
-//! 2. [`publish`] them all at once with the idempotent producer and wait for every ack;
-//! 3. [`mark`] the acknowledged rows published (a failed row stays pending and is retried);
-//! 4. commit.
+//! 1. [`claim`] up to `batch_rows_max` pending rows in acceptance order (`sequencia`): one short
+//!    statement leases them to this relay instance (`reservado_por`) until `now() + lease`
+//!    (`reservado_ate`) and commits;
+//! 2. publish them all at once with the idempotent producer and wait for every answer, renewing
+//!    the lease meanwhile ([`renew`]);
+//! 3. [`mark`] the acknowledged rows published, if this instance still holds them;
+//! 4. [`release`] the rows whose send failed, so the next cycle retries them.
 //!
-//! A crash between 2 and 4 publishes the batch again with the same `eventoId`s: at least once.
+//! No transaction stays open while Kafka answers: with the broker away for minutes no rows
+//! stay locked, no transaction holds back vacuum, and shutdown waits at most `shutdown_grace`
+//! for the broker (the rows without an answer are released, never marked).
+//!
+//! At least once: a crash between 2 and 3 leaves the rows leased; when the lease ends another
+//! relay (or the restarted one) publishes them again with the same `eventoId`. A lease that
+//! ends while its relay is still waiting for the broker (the relay could not renew it: its
+//! database connection is gone) can also publish a row twice; consumers deduplicate by
+//! business id. A claim never takes a row behind an earlier, still leased row of its key, so
+//! a dead relay's rows go first once their lease ends and the key's order holds.
 //! Between cycles the relay sleeps until the insert trigger's `NOTIFY` (the `fast` profile) or
 //! the poll interval (the fallback, and the only wake-up of the `reference` profile).
 
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
+use futures::stream::{FuturesUnordered, StreamExt};
 use sqlx::postgres::{PgConnectOptions, PgListener};
-use sqlx::{ConnectOptions, Connection, PgConnection, PgPool, Postgres, Transaction};
+use sqlx::{ConnectOptions, Connection, PgConnection, PgExecutor, PgPool};
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use contracts::headers::{EVENT_ID, EVENT_TYPE, TRACEPARENT, TRACESTATE};
-use kafka::producer::{OutgoingRecord, Producer};
+use kafka::producer::{Delivered, OutgoingRecord, Producer};
 
 use crate::{Error, NOTIFY_CHANNEL};
 
 /// The advisory lock key every relay of a database competes for ("pagamentos-outbox").
 pub const LOCK_KEY: i64 = 0x7061_6761_6d65_6e74;
+
+/// How long a claim leases its rows by default.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// How long [`Relay::run`] gives a cycle's last database statements (mark, release) after
+/// `shutdown_grace` before it stops anyway.
+pub const SHUTDOWN_MARGIN: Duration = Duration::from_secs(5);
 
 /// How a relay batches and wakes up.
 #[derive(Debug, Clone)]
@@ -53,6 +73,13 @@ pub struct RelayOptions {
     /// Start the next cycle at once after a full batch (more rows are probably waiting)
     /// instead of sleeping `poll_interval`.
     pub drain_full_batches: bool,
+    /// How long a claim holds its rows (`reservado_ate`); renewed every third of it while the
+    /// broker has not answered, so it only runs out when the relay died or cannot reach the
+    /// database. Rows of a dead relay wait this long before another relay takes them.
+    pub lease: Duration,
+    /// How long a cycle still waits for the broker's answers after shutdown; the rows without
+    /// one are given back unpublished.
+    pub shutdown_grace: Duration,
 }
 
 impl RelayOptions {
@@ -68,6 +95,8 @@ impl RelayOptions {
             cleanup_rows_max: 1000,
             failure_backoff: Duration::from_secs(1),
             drain_full_batches: true,
+            lease: DEFAULT_LEASE,
+            shutdown_grace: Duration::from_secs(5),
         }
     }
 
@@ -95,6 +124,9 @@ pub struct PendingEvent {
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
     pub criado_em: OffsetDateTime,
+    /// The acceptance order: drawn at insert, in insert order (`criado_em` is one value for
+    /// every row of a transaction).
+    pub sequencia: i64,
 }
 
 impl PendingEvent {
@@ -117,54 +149,133 @@ impl PendingEvent {
     }
 }
 
-/// Step 1: locks up to `limit` pending rows, oldest first, skipping rows another transaction
-/// holds.
-pub async fn claim(tx: &mut Transaction<'_, Postgres>, limit: i64) -> Result<Vec<PendingEvent>, Error> {
-    Ok(sqlx::query_as(
-        "SELECT id, topico, chave, tipo, payload, traceparent, tracestate, criado_em \
-         FROM outbox_evento WHERE publicado_em IS NULL \
-         ORDER BY criado_em, id LIMIT $1 FOR UPDATE SKIP LOCKED",
+/// Step 1: leases up to `limit` pending rows to `owner` until `now() + lease`, in acceptance
+/// order (`sequencia`), in one statement (its own short transaction): rows whose lease is free
+/// or expired, `FOR UPDATE SKIP LOCKED`, and never a row behind an earlier row of its key that
+/// is still leased (a dead relay's rows are published first when their lease ends, so the
+/// key's order holds). The rows are returned in acceptance order.
+pub async fn claim<'e>(
+    executor: impl PgExecutor<'e>,
+    owner: Uuid,
+    limit: i64,
+    lease: Duration,
+) -> Result<Vec<PendingEvent>, Error> {
+    let mut events: Vec<PendingEvent> = sqlx::query_as(
+        "WITH candidato AS ( \
+           SELECT id FROM outbox_evento AS e \
+           WHERE publicado_em IS NULL AND (reservado_ate IS NULL OR reservado_ate <= now()) \
+             AND NOT EXISTS (SELECT 1 FROM outbox_evento AS anterior \
+                             WHERE anterior.publicado_em IS NULL AND anterior.topico = e.topico \
+                               AND anterior.chave = e.chave AND anterior.sequencia < e.sequencia \
+                               AND anterior.reservado_ate > now()) \
+           ORDER BY sequencia LIMIT $1 FOR UPDATE SKIP LOCKED) \
+         UPDATE outbox_evento AS e SET reservado_por = $2, reservado_ate = now() + make_interval(secs => $3) \
+         FROM candidato WHERE e.id = candidato.id \
+         RETURNING e.id, e.topico, e.chave, e.tipo, e.payload, e.traceparent, e.tracestate, e.criado_em, e.sequencia",
     )
     .bind(limit)
-    .fetch_all(&mut **tx)
-    .await?)
+    .bind(owner)
+    .bind(lease.as_secs_f64())
+    .fetch_all(executor)
+    .await?;
+    events.sort_unstable_by_key(|event| event.sequencia);
+    Ok(events)
+}
+
+/// Extends `owner`'s lease on the unpublished rows of `ids` to `now() + lease`; returns how many
+/// it still held.
+pub async fn renew<'e>(
+    executor: impl PgExecutor<'e>,
+    owner: Uuid,
+    ids: &[Uuid],
+    lease: Duration,
+) -> Result<u64, Error> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    Ok(sqlx::query(
+        "UPDATE outbox_evento SET reservado_ate = now() + make_interval(secs => $3) \
+         WHERE id = ANY($1) AND reservado_por = $2 AND publicado_em IS NULL",
+    )
+    .bind(ids)
+    .bind(owner)
+    .bind(lease.as_secs_f64())
+    .execute(executor)
+    .await?
+    .rows_affected())
 }
 
 /// Step 2: publishes every event at once (enqueued in order, so each partition keeps it) and
-/// returns the ids the broker acknowledged.
+/// returns the ids the broker acknowledged. Waits for every answer: the relay's cycle uses
+/// [`Relay::deliver`], which renews the lease meanwhile and stops waiting at shutdown.
 pub async fn publish(producer: &Producer, events: &[PendingEvent], database: &'static str) -> Vec<Uuid> {
     let records: Vec<OutgoingRecord> = events.iter().map(PendingEvent::record).collect();
     let results = join_all(records.iter().map(|record| producer.send(record))).await;
-    let acknowledged_at = OffsetDateTime::now_utc();
-    let mut acknowledged = Vec::with_capacity(events.len());
-    for (event, result) in events.iter().zip(results) {
-        match result {
-            Ok(_) => {
-                acknowledged.push(event.id);
-                let age = (acknowledged_at - event.criado_em).as_seconds_f64().max(0.0);
-                metrics::histogram!("outbox_delivery_seconds", "database" => database).record(age);
-            }
-            Err(error) => tracing::warn!(
+    events
+        .iter()
+        .zip(results)
+        .filter_map(|(event, result)| was_acknowledged(event, result, database).then_some(event.id))
+        .collect()
+}
+
+/// Whether `result` acknowledged `event`; records its delivery time or logs the failure.
+fn was_acknowledged(
+    event: &PendingEvent,
+    result: Result<Delivered, kafka::Error>,
+    database: &'static str,
+) -> bool {
+    match result {
+        Ok(_) => {
+            let age = (OffsetDateTime::now_utc() - event.criado_em).as_seconds_f64().max(0.0);
+            metrics::histogram!("outbox_delivery_seconds", "database" => database).record(age);
+            true
+        }
+        Err(error) => {
+            tracing::warn!(
                 error = %kafka::consumer::error_chain(&error),
                 evento_id = %event.id,
                 topic = event.topico,
                 "outbox event not published; it stays pending"
-            ),
+            );
+            false
         }
     }
-    acknowledged
 }
 
-/// Step 3: marks `ids` published.
-pub async fn mark(tx: &mut Transaction<'_, Postgres>, ids: &[Uuid]) -> Result<(), Error> {
-    if !ids.is_empty() {
-        // clock_timestamp(), not now(): the moment of the mark, not of the transaction's start
-        sqlx::query("UPDATE outbox_evento SET publicado_em = clock_timestamp() WHERE id = ANY($1)")
-            .bind(ids)
-            .execute(&mut **tx)
-            .await?;
+/// Step 3: marks published the rows of `ids` that `owner` still holds (a row whose lease ended
+/// and that another relay took is left to that relay, which publishes it again); returns how
+/// many it marked. Only acknowledged rows may be passed here.
+pub async fn mark<'e>(executor: impl PgExecutor<'e>, owner: Uuid, ids: &[Uuid]) -> Result<u64, Error> {
+    if ids.is_empty() {
+        return Ok(0);
     }
-    Ok(())
+    // clock_timestamp(), not now(): the moment of the mark, not of the transaction's start
+    Ok(sqlx::query(
+        "UPDATE outbox_evento SET publicado_em = clock_timestamp() \
+         WHERE id = ANY($1) AND reservado_por = $2 AND publicado_em IS NULL",
+    )
+    .bind(ids)
+    .bind(owner)
+    .execute(executor)
+    .await?
+    .rows_affected())
+}
+
+/// Step 4: gives back `owner`'s lease on the unpublished rows of `ids` (their send failed or
+/// was given up at shutdown), so the next cycle, of this relay or another, takes them at once.
+pub async fn release<'e>(executor: impl PgExecutor<'e>, owner: Uuid, ids: &[Uuid]) -> Result<u64, Error> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    Ok(sqlx::query(
+        "UPDATE outbox_evento SET reservado_por = NULL, reservado_ate = NULL \
+         WHERE id = ANY($1) AND reservado_por = $2 AND publicado_em IS NULL",
+    )
+    .bind(ids)
+    .bind(owner)
+    .execute(executor)
+    .await?
+    .rows_affected())
 }
 
 /// What one cycle did.
@@ -180,28 +291,115 @@ pub struct Relay {
     pool: PgPool,
     producer: Producer,
     options: RelayOptions,
+    /// This instance's name on the rows it leases (`reservado_por`).
+    instance: Uuid,
 }
 
 impl Relay {
     pub fn new(pool: PgPool, producer: Producer, options: RelayOptions) -> Self {
         assert!(options.batch_rows_max > 0, "a batch holds at least one row");
-        Self { pool, producer, options }
+        assert!(options.lease >= Duration::from_secs(1), "a lease lasts at least a second");
+        Self { pool, producer, options, instance: Uuid::new_v4() }
     }
 
-    /// One claim-publish-mark cycle on `connection`.
-    pub async fn cycle(&self, connection: &mut PgConnection) -> Result<Cycle, Error> {
-        let mut tx = connection.begin().await?;
-        let events = claim(&mut tx, self.options.batch_rows_max).await?;
+    /// The id this relay leases rows under (`outbox_evento.reservado_por`).
+    pub fn instance(&self) -> Uuid {
+        self.instance
+    }
+
+    /// One lease-publish-mark cycle on `connection`, each database step a short statement of
+    /// its own: no transaction stays open while Kafka answers. After `shutdown` the cycle waits
+    /// at most `shutdown_grace` more for the broker, then gives the unanswered rows back.
+    pub async fn cycle(
+        &self,
+        connection: &mut PgConnection,
+        shutdown: &CancellationToken,
+    ) -> Result<Cycle, Error> {
+        let (owner, database) = (self.instance, self.options.database);
+        let events = claim(&mut *connection, owner, self.options.batch_rows_max, self.options.lease).await?;
         if events.is_empty() {
-            tx.commit().await?;
             return Ok(Cycle::default());
         }
-        let acknowledged = publish(&self.producer, &events, self.options.database).await;
-        mark(&mut tx, &acknowledged).await?;
-        tx.commit().await?;
-        metrics::counter!("outbox_publicados_total", "database" => self.options.database)
-            .increment(acknowledged.len() as u64);
+        let acknowledged = self.deliver(connection, &events, shutdown).await;
+        let marked = mark(&mut *connection, owner, &acknowledged).await?;
+        if marked < acknowledged.len() as u64 {
+            tracing::warn!(
+                database,
+                lost = acknowledged.len() as u64 - marked,
+                "outbox lease ended before the broker answered and another relay took the rows: they are published again (consumers deduplicate by eventoId)"
+            );
+        }
+        let unpublished: Vec<Uuid> =
+            events.iter().map(|event| event.id).filter(|id| !acknowledged.contains(id)).collect();
+        release(&mut *connection, owner, &unpublished).await?;
+        metrics::counter!("outbox_publicados_total", "database" => database).increment(marked);
         Ok(Cycle { claimed: events.len(), published: acknowledged.len() })
+    }
+
+    /// [`publish`] with the lease renewed every third of its length while answers are missing,
+    /// and at most `shutdown_grace` of waiting once `shutdown` is cancelled. Returns the
+    /// acknowledged ids; a row without an answer counts as not published (it may still reach
+    /// the broker from the producer's queue: then it is published twice, never lost).
+    async fn deliver(
+        &self,
+        connection: &mut PgConnection,
+        events: &[PendingEvent],
+        shutdown: &CancellationToken,
+    ) -> Vec<Uuid> {
+        let (owner, database, lease) = (self.instance, self.options.database, self.options.lease);
+        let records: Vec<OutgoingRecord> = events.iter().map(PendingEvent::record).collect();
+        // polled first in push order, so the records are enqueued in acceptance order
+        let mut sends: FuturesUnordered<_> = records
+            .iter()
+            .enumerate()
+            .map(|(index, record)| async move { (index, self.producer.send(record).await) })
+            .collect();
+        let mut acknowledged = Vec::with_capacity(events.len());
+        let mut answered = vec![false; events.len()];
+        let mut renewal = tokio::time::interval_at(tokio::time::Instant::now() + lease / 3, lease / 3);
+        renewal.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut give_up_at: Option<tokio::time::Instant> = None;
+        loop {
+            let give_up = async {
+                match give_up_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                next = sends.next() => {
+                    let Some((index, result)) = next else { break };
+                    answered[index] = true;
+                    if was_acknowledged(&events[index], result, database) {
+                        acknowledged.push(events[index].id);
+                    }
+                }
+                _ = shutdown.cancelled(), if give_up_at.is_none() => {
+                    give_up_at = Some(tokio::time::Instant::now() + self.options.shutdown_grace);
+                }
+                _ = give_up => {
+                    tracing::warn!(
+                        database,
+                        unanswered = answered.iter().filter(|answered| !**answered).count(),
+                        "outbox relay stopping: rows the broker has not acknowledged stay pending"
+                    );
+                    break;
+                }
+                _ = renewal.tick() => {
+                    let waiting: Vec<Uuid> =
+                        events.iter().zip(&answered).filter(|(_, answered)| !**answered).map(|(event, _)| event.id).collect();
+                    if let Err(error) = renew(&mut *connection, owner, &waiting, lease).await {
+                        tracing::warn!(
+                            error = %kafka::consumer::error_chain(&error),
+                            database,
+                            "outbox lease not renewed: if it ends before the broker answers, another relay may publish the rows again"
+                        );
+                    }
+                }
+            }
+        }
+        acknowledged
     }
 
     /// Deletes published rows older than the retention, a small batch at a time.
@@ -226,13 +424,30 @@ impl Relay {
     }
 
     /// Runs until `shutdown`: waits for leadership, then publishes; a lost database connection
-    /// drops leadership and the relay competes for it again.
+    /// drops leadership and the relay competes for it again. Returns at most `shutdown_grace`
+    /// plus [`SHUTDOWN_MARGIN`] after `shutdown`, whatever the broker and the database do: a
+    /// cycle cut short leaves its rows leased until their lease ends, never marked.
     pub async fn run(self, shutdown: CancellationToken) {
         let database = self.options.database;
+        let deadline = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(self.options.shutdown_grace + SHUTDOWN_MARGIN).await;
+        };
+        tokio::select! {
+            () = self.compete(&shutdown) => {}
+            () = deadline => tracing::warn!(
+                database,
+                "outbox relay stopped in the middle of a cycle: its leased rows are published when the lease ends"
+            ),
+        }
+    }
+
+    async fn compete(&self, shutdown: &CancellationToken) {
+        let database = self.options.database;
         while !shutdown.is_cancelled() {
-            let Some(mut leader) = self.become_leader(&shutdown).await else { return };
-            tracing::info!(database, "outbox relay active");
-            match self.lead(&mut leader, &shutdown).await {
+            let Some(mut leader) = self.become_leader(shutdown).await else { return };
+            tracing::info!(database, instance = %self.instance, "outbox relay active");
+            match self.lead(&mut leader, shutdown).await {
                 Ok(()) => {
                     drop(leader.close().await);
                     return;
@@ -296,7 +511,7 @@ impl Relay {
             if shutdown.is_cancelled() {
                 return Ok(());
             }
-            let cycle = self.cycle(leader).await?;
+            let cycle = self.cycle(leader, shutdown).await?;
             if last_cleanup.elapsed() >= self.options.cleanup_interval {
                 let deleted = self.cleanup(leader).await?;
                 if deleted > 0 {

@@ -8,11 +8,12 @@ use kafka::config::{consumer_config, producer_config, OffsetCommit};
 use kafka::consumer::KafkaConsumer;
 use kafka::producer::Producer;
 use kafka::rdkafka::message::{Headers, Message, OwnedMessage};
-use sqlx::{Connection, PgPool};
+use sqlx::PgPool;
+use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use outbox::relay::{claim, publish, Relay, RelayOptions};
+use outbox::relay::{claim, mark, publish, Cycle, Relay, RelayOptions};
 use testkit::{eventually, receive, unique, TestDatabase, TestTopics};
 
 struct Fixture {
@@ -68,6 +69,22 @@ impl Fixture {
     async fn pending(&self) -> i64 {
         pending(&self.database.pool).await
     }
+
+    async fn lease_end(&self, id: Uuid) -> OffsetDateTime {
+        sqlx::query_scalar("SELECT reservado_ate FROM outbox_evento WHERE id = $1")
+            .bind(id)
+            .fetch_one(&self.database.pool)
+            .await
+            .expect("lease")
+    }
+
+    async fn published_at(&self, id: Uuid) -> OffsetDateTime {
+        sqlx::query_scalar("SELECT publicado_em FROM outbox_evento WHERE id = $1")
+            .bind(id)
+            .fetch_one(&self.database.pool)
+            .await
+            .expect("published")
+    }
 }
 
 async fn pending(pool: &PgPool) -> i64 {
@@ -84,25 +101,37 @@ fn event_id(record: &OwnedMessage) -> String {
 }
 
 #[tokio::test]
-async fn a_crash_between_publish_and_mark_publishes_again_with_the_same_id() {
+async fn a_crash_between_publish_and_mark_publishes_again_with_the_same_id_once_the_lease_ends() {
     let fixture = fixture(1).await;
     let id = fixture.insert("CC-001", r#"{"n":1}"#).await;
     let reader = fixture.reader();
 
-    // claim and publish, then "crash": the transaction is dropped before the mark
-    let mut connection = fixture.database.pool.acquire().await.expect("connection");
-    let mut tx = connection.begin().await.expect("begin");
-    let claimed = claim(&mut tx, 10).await.expect("claim");
+    // a relay claims and publishes, then "crashes" before the mark: its lease stays
+    let crashed = Uuid::new_v4();
+    let claimed = claim(&fixture.database.pool, crashed, 10, Duration::from_secs(2)).await.expect("claim");
     assert_eq!(claimed.len(), 1);
+    let lease_end = fixture.lease_end(id).await;
     let acknowledged = publish(&fixture.producer, &claimed, "test").await;
     assert_eq!(acknowledged, vec![id]);
-    drop(tx);
     assert_eq!(fixture.pending().await, 1, "the row is still pending after the crash");
 
-    // the next relay publishes it again, with the same eventoId, and marks it
-    let cycle = fixture.relay(RelayOptions::fast("test")).cycle(&mut connection).await.expect("cycle");
-    assert_eq!((cycle.claimed, cycle.published), (1, 1));
+    // the next relay takes it when the lease ends, publishes it again with the same eventoId,
+    // and marks it
+    let relay = fixture.relay(RelayOptions::fast("test"));
+    let mut connection = fixture.database.pool.acquire().await.expect("connection");
+    let never = CancellationToken::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let cycle = relay.cycle(&mut connection, &never).await.expect("cycle");
+        if cycle != Cycle::default() {
+            assert_eq!(cycle, Cycle { claimed: 1, published: 1 });
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the row was never taken again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(fixture.pending().await, 0);
+    assert!(fixture.published_at(id).await >= lease_end, "taken before the lease ended");
     let records = receive(&reader, 2).await;
     assert_eq!(event_id(&records[0]), id.to_string());
     assert_eq!(event_id(&records[1]), id.to_string());
@@ -213,7 +242,7 @@ async fn published_rows_past_retention_are_deleted_and_pending_ones_kept() {
     options.cleanup_rows_max = 2;
     let relay = fixture.relay(options);
     let mut connection = fixture.database.pool.acquire().await.expect("connection");
-    relay.cycle(&mut connection).await.expect("cycle");
+    relay.cycle(&mut connection, &CancellationToken::new()).await.expect("cycle");
     let pending_id = fixture.insert("CC-001", r#"{"n":5}"#).await;
     // age three of the published rows past the retention
     sqlx::query(
@@ -230,4 +259,163 @@ async fn published_rows_past_retention_are_deleted_and_pending_ones_kept() {
         .expect("rows");
     assert_eq!(left.len(), 3);
     assert!(left.contains(&(pending_id, true)));
+}
+
+/// A producer that cannot deliver: its only bootstrap server is a port nobody listens on, so
+/// every send waits for the delivery timeout (120 s). The shared broker is left alone.
+async fn unreachable_producer() -> Producer {
+    let port =
+        std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port();
+    let args = kafka::KafkaArgs::new(format!("127.0.0.1:{port}"));
+    Producer::new(&producer_config(&args, "unreachable", Duration::ZERO)).expect("producer")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_broker_unreachable_no_transaction_holds_the_rows_and_shutdown_is_bounded() {
+    let fixture = fixture(1).await;
+    for n in 0..5 {
+        fixture.insert("CC-001", &format!(r#"{{"n":{n}}}"#)).await;
+    }
+    let mut options = RelayOptions::fast("test");
+    options.shutdown_grace = Duration::from_secs(1);
+    let relay = Relay::new(fixture.database.pool.clone(), unreachable_producer().await, options.clone());
+    let instance = relay.instance();
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(relay.run(shutdown.clone()));
+
+    // the relay is inside its cycle, waiting for a broker that does not answer
+    let pool = fixture.database.pool.clone();
+    // (or, were it to claim in a transaction kept open for the publish, to idle in it)
+    eventually("the relay to claim the rows", Duration::from_secs(30), || async {
+        let claimed: bool = sqlx::query_scalar(
+            "SELECT (SELECT count(*) FROM outbox_evento WHERE reservado_por = $1 AND reservado_ate > now()) = 5 \
+             OR EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() \
+                        AND state LIKE 'idle in transaction%')",
+        )
+        .bind(instance)
+        .fetch_one(&pool)
+        .await
+        .expect("claimed");
+        claimed.then_some(())
+    })
+    .await;
+    // no transaction of the relay stays open: the rows are not row-locked, nobody idles in one
+    let mut tx = fixture.database.pool.begin().await.expect("begin");
+    let locked: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM outbox_evento FOR UPDATE NOWAIT")
+        .fetch_all(&mut *tx)
+        .await
+        .expect("the claimed rows are not locked by an open transaction");
+    assert_eq!(locked.len(), 5);
+    tx.rollback().await.expect("rollback");
+    let idle_in_transaction: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+         AND state LIKE 'idle in transaction%'",
+    )
+    .fetch_one(&fixture.database.pool)
+    .await
+    .expect("activity");
+    assert_eq!(idle_in_transaction, 0, "a transaction idles while the relay waits for the broker");
+
+    // shutdown in the middle of the cycle: the relay stops waiting after its grace
+    shutdown.cancel();
+    let bound = options.shutdown_grace + outbox::relay::SHUTDOWN_MARGIN;
+    tokio::time::timeout(bound, running)
+        .await
+        .expect("the relay stops within its shutdown grace")
+        .expect("relay task");
+    // nothing unacknowledged was marked; the rows were given back for the next relay
+    let (unpublished, still_leased): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE publicado_em IS NULL), count(*) FILTER (WHERE reservado_por IS NOT NULL) \
+         FROM outbox_evento",
+    )
+    .fetch_one(&fixture.database.pool)
+    .await
+    .expect("rows");
+    assert_eq!((unpublished, still_leased), (5, 0));
+}
+
+#[tokio::test]
+async fn a_dead_relays_rows_are_published_when_its_lease_ends_and_before_later_rows_of_their_key() {
+    let fixture = fixture(1).await;
+    let reader = fixture.reader();
+    let first = fixture.insert("CC-001", r#"{"n":1}"#).await;
+    // a relay leases the row and dies without publishing it
+    let dead = Uuid::new_v4();
+    let lease = Duration::from_secs(10);
+    let leased = claim(&fixture.database.pool, dead, 10, lease).await.expect("claim");
+    assert_eq!(leased.iter().map(|event| event.id).collect::<Vec<_>>(), vec![first]);
+    let lease_end = fixture.lease_end(first).await;
+    // more rows come: one behind it on its key, one of another key
+    let second = fixture.insert("CC-001", r#"{"n":2}"#).await;
+    let other = fixture.insert("CC-002", r#"{"n":3}"#).await;
+
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(fixture.relay(RelayOptions::fast("test")).run(shutdown.clone()));
+    let records = receive(&reader, 3).await;
+    let order: Vec<String> = records.iter().map(event_id).collect();
+    let position = |id: Uuid| order.iter().position(|seen| *seen == id.to_string()).expect("published");
+    assert!(position(first) < position(second), "CC-001 out of order: {order:?}");
+    assert!(fixture.published_at(first).await >= lease_end, "taken before the dead relay's lease ended");
+    assert!(fixture.published_at(second).await >= lease_end, "published ahead of its key's leased row");
+    assert!(fixture.published_at(other).await < lease_end, "another key waited for the lease");
+    eventually("nothing pending", Duration::from_secs(30), || async {
+        (fixture.pending().await == 0).then_some(())
+    })
+    .await;
+    shutdown.cancel();
+    running.await.expect("relay stops");
+}
+
+#[tokio::test]
+async fn a_relay_whose_lease_ended_and_was_taken_cannot_mark_the_rows() {
+    let fixture = fixture(1).await;
+    let id = fixture.insert("CC-001", r#"{"n":1}"#).await;
+    let pool = &fixture.database.pool;
+    let (slow, next) = (Uuid::new_v4(), Uuid::new_v4());
+    assert_eq!(claim(pool, slow, 10, Duration::from_secs(1)).await.expect("claim").len(), 1);
+    assert!(
+        claim(pool, next, 10, Duration::from_secs(60)).await.expect("claim").is_empty(),
+        "the lease holds"
+    );
+    eventually("the lease to end and the next relay to take the row", Duration::from_secs(30), || async {
+        (!claim(pool, next, 10, Duration::from_secs(60)).await.expect("claim").is_empty()).then_some(())
+    })
+    .await;
+    // the slow relay's late acknowledgement marks nothing: the row belongs to the next relay
+    assert_eq!(mark(pool, slow, &[id]).await.expect("mark"), 0);
+    assert_eq!(fixture.pending().await, 1);
+    assert_eq!(mark(pool, next, &[id]).await.expect("mark"), 1);
+    assert_eq!(fixture.pending().await, 0);
+}
+
+#[tokio::test]
+async fn a_relay_waiting_for_the_broker_keeps_renewing_its_lease() {
+    let fixture = fixture(1).await;
+    let id = fixture.insert("CC-001", r#"{"n":1}"#).await;
+    let mut options = RelayOptions::fast("test");
+    options.lease = Duration::from_secs(1);
+    options.shutdown_grace = Duration::ZERO;
+    let relay = Relay::new(fixture.database.pool.clone(), unreachable_producer().await, options);
+    let instance = relay.instance();
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(relay.run(shutdown.clone()));
+    let leased_until = || async {
+        sqlx::query_scalar::<_, Option<OffsetDateTime>>(
+            "SELECT reservado_ate FROM outbox_evento WHERE id = $1 AND reservado_por = $2",
+        )
+        .bind(id)
+        .bind(instance)
+        .fetch_optional(&fixture.database.pool)
+        .await
+        .expect("lease")
+        .flatten()
+    };
+    let first = eventually("the relay to lease the row", Duration::from_secs(30), leased_until).await;
+    // a lease of one second, renewed while the broker does not answer: it moves past its end
+    eventually("the lease to be renewed past its first end", Duration::from_secs(30), || async {
+        leased_until().await.filter(|until| *until > first + time::Duration::seconds(1))
+    })
+    .await;
+    shutdown.cancel();
+    running.await.expect("relay stops");
 }

@@ -49,6 +49,10 @@ pub enum Error {
         #[source]
         source: KafkaError,
     },
+    /// A handler met an error that no retry can fix and that is no record's fault (see
+    /// [`crate::consumer::Handler::is_fatal`]): the loop stopped.
+    #[error("the handler failed fatally")]
+    Fatal(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// A blocking librdkafka call running off the runtime panicked or was cancelled.
     #[error("blocking Kafka call did not complete")]
     Blocking(#[from] tokio::task::JoinError),

@@ -85,7 +85,12 @@ async fn run(profile: Profile, backlog: usize, steady_seconds: u64) -> serde_jso
     };
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
-    antifraud::start(settings, shutdown.clone(), &tracker).await.expect("start");
+    antifraud::start(
+        settings,
+        &telemetry::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
+    )
+    .await
+    .expect("start");
     // timed from the first output, so joining the group and registering the transactional id
     // (a second or so, once per process) do not count as throughput
     reader.recv().await.expect("first output");

@@ -20,8 +20,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
+use telemetry::supervisor::Supervisor;
 
 use contracts::topics;
 use kafka::config::{consumer_config, producer_config, transactional_producer_config, OffsetCommit};
@@ -96,12 +95,9 @@ fn host_name() -> String {
 }
 
 /// Makes sure the topics exist, then spawns the transactional consumer loop and the health
-/// routes on `tracker`. Returns the health address.
-pub async fn start(
-    settings: Settings,
-    shutdown: CancellationToken,
-    tracker: &TaskTracker,
-) -> Result<SocketAddr, Error> {
+/// routes on `supervisor`, each a named critical task. Returns the health address.
+pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<SocketAddr, Error> {
+    let shutdown = supervisor.shutdown_token();
     let Settings { args, kafka, topics: topic_args, profile } = settings;
     kafka::topics::ensure_at_start(&kafka, &topic_args).await?;
     let instance = args.instance_id.clone().unwrap_or_else(host_name);
@@ -131,22 +127,26 @@ pub async fn start(
     let probe = Producer::new(&producer_config(&kafka, "antifraude-health", profile.linger()))?;
     let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> =
         vec![Arc::new(kafka::health::KafkaReady::new(probe, input.clone()))];
-    let app = telemetry::health::router(checks, telemetry::metrics::install());
+    let app =
+        telemetry::health::router_supervised(checks, telemetry::metrics::install(), Vec::new(), supervisor);
     // after the recorder is installed (with the router above), before /readyz answers
     kafka::alerting::export_at_zero(std::slice::from_ref(&input), std::slice::from_ref(&input));
     let (bound, serve) =
         telemetry::server::bind("antifraude health", args.listen, app, shutdown.clone().cancelled_owned())
             .await
             .map_err(|source| Error::Bind { address: args.listen.to_string(), source })?;
-    tracker.spawn(serve);
-    tracker.spawn(kafka::lag::report(consumer.clone(), group, shutdown.clone()));
-    tracker.spawn(kafka::dlt::report_retained(
-        kafka.clone(),
-        vec![topics::dead_letter_topic(&input)],
-        kafka::lag::REFRESH_INTERVAL,
-        shutdown.clone(),
-    ));
-    tracker.spawn(async move {
+    supervisor.spawn("antifraude/http", serve);
+    supervisor.spawn("antifraude/lag-gauges", kafka::lag::report(consumer.clone(), group, shutdown.clone()));
+    supervisor.spawn(
+        "antifraude/dlt-gauges",
+        kafka::dlt::report_retained(
+            kafka.clone(),
+            vec![topics::dead_letter_topic(&input)],
+            kafka::lag::REFRESH_INTERVAL,
+            shutdown.clone(),
+        ),
+    );
+    supervisor.spawn_fallible("antifraude/analysis", async move {
         let mut analyser = analyser;
         // a broker that is down makes registration wait up to its call timeout: a stop request
         // meanwhile is not held up by it (the loop then returns at once)
@@ -155,9 +155,7 @@ pub async fn start(
             _ = shutdown.cancelled() => {}
             _ = analyser.prepare() => {}
         }
-        if let Err(error) = kafka::consumer::run(consumer, analyser, options, shutdown).await {
-            tracing::error!(error = %kafka::consumer::error_chain(&error), "antifraude stopped");
-        }
+        kafka::consumer::run(consumer, analyser, options, shutdown).await
     });
     Ok(bound)
 }

@@ -46,7 +46,12 @@ async fn start(topics: &TestTopics, instance: &str) -> Running {
     };
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
-    antifraud::start(settings, shutdown.clone(), &tracker).await.expect("antifraude starts");
+    antifraud::start(
+        settings,
+        &telemetry::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
+    )
+    .await
+    .expect("antifraude starts");
     Running { shutdown, tracker }
 }
 

@@ -37,7 +37,12 @@ async fn a_broker_restart_mid_stream_loses_and_doubles_nothing() {
     };
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
-    antifraud::start(settings, shutdown.clone(), &tracker).await.expect("antifraude starts");
+    antifraud::start(
+        settings,
+        &telemetry::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
+    )
+    .await
+    .expect("antifraude starts");
 
     let ids: Vec<Uuid> = (0..INPUTS).map(|_| Uuid::new_v4()).collect();
     let feed = testkit::feed_requests(&topics, ids.clone(), Duration::from_millis(150));

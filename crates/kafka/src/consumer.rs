@@ -51,6 +51,14 @@ pub trait Handler: Send {
     /// Processes `batch` (records of any assigned partitions, in partition order). `Err`
     /// means nothing of the batch may be considered done: it is retried as a whole.
     fn handle(&mut self, batch: &[OwnedMessage]) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// `true` when `error` is one that no retry can fix and that is no record's fault (the
+    /// service and its database disagree on the schema, say): the loop stops without storing
+    /// the batch's offsets and returns [`Error::Fatal`], and the service shell then stops the
+    /// process with a non-zero exit. Every other error is retried.
+    fn is_fatal(&self, _error: &Self::Error) -> bool {
+        false
+    }
 }
 
 /// Exponential backoff of the blocking retries.
@@ -180,6 +188,18 @@ async fn consume<H: Handler>(
                         paused.resume_all(consumer);
                     }
                     break;
+                }
+                Err(error) if handler.is_fatal(&error) => {
+                    let first = &batch_records[0];
+                    tracing::error!(
+                        error = %error_chain(&error),
+                        records = batch_records.len(),
+                        topic = first.topic(),
+                        partition = first.partition(),
+                        offset = first.offset(),
+                        "batch failed fatally; the loop stops (the batch is not committed)"
+                    );
+                    return Err(Error::Fatal(Box::new(error)));
                 }
                 Err(error) => {
                     attempt += 1;

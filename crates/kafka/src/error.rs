@@ -53,6 +53,10 @@ pub enum Error {
     /// in time: a client started now would be told they do not exist.
     #[error("topics created but without a leader after {waited:?}: {}", topics.join(", "))]
     NoLeader { topics: Vec<String>, waited: std::time::Duration },
+    /// A handler met an error that no retry can fix and that is no record's fault (see
+    /// [`crate::consumer::Handler::is_fatal`]): the loop stopped.
+    #[error("the handler failed fatally")]
+    Fatal(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// A blocking librdkafka call running off the runtime panicked or was cancelled.
     #[error("blocking Kafka call did not complete")]
     Blocking(#[from] tokio::task::JoinError),

@@ -45,7 +45,24 @@ pub enum StoreError {
 
 pub use outbox::error::{classify, FailureKind};
 
+/// SQLSTATEs that say the database is not the schema this binary migrated: an undefined
+/// table (`42P01`), column (`42703`), function (`42883`) or schema (`3F000`). The service
+/// migrates at start, so after that they mean someone dropped or renamed an object or
+/// restored another schema: no retry fixes that and it is no record's fault.
+const SCHEMA_MISSING: [&str; 4] = ["42P01", "42703", "42883", "3F000"];
+
 impl StoreError {
+    /// The database lacks an object of the schema this binary migrated (see `SCHEMA_MISSING`):
+    /// the settler stops (the process exits non-zero) instead of retrying or dead-lettering.
+    pub fn is_schema_missing(&self) -> bool {
+        let database = match self {
+            Self::Database(error) | Self::Outbox(outbox::Error::Database(error)) => error,
+            _ => return false,
+        };
+        let sqlx::Error::Database(database) = database else { return false };
+        database.code().is_some_and(|code| SCHEMA_MISSING.contains(&code.as_ref()))
+    }
+
     pub fn kind(&self) -> FailureKind {
         match self {
             Self::Unavailable(_) => FailureKind::Infrastructure,

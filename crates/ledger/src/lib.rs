@@ -31,8 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::PgPoolOptions;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
+use telemetry::supervisor::Supervisor;
 
 use contracts::topics;
 use kafka::config::{consumer_config, producer_config, OffsetCommit};
@@ -150,14 +149,12 @@ pub struct Settings {
 }
 
 /// Connects, migrates, makes sure the topics exist, then spawns the accounts API, the settler,
-/// the outbox relay and the backlog gauges on `tracker`. Returns the API's bound address (port
-/// 0 picks a free one). Everything stops when `shutdown` is cancelled: the API drains its
-/// requests, the settler finishes (and commits) the batch in hand, the relay its batch.
-pub async fn start(
-    settings: Settings,
-    shutdown: CancellationToken,
-    tracker: &TaskTracker,
-) -> Result<SocketAddr, Error> {
+/// the outbox relay and the backlog gauges on `supervisor`, each a named critical task. Returns
+/// the API's bound address (port 0 picks a free one). Everything stops when the supervisor's
+/// shutdown token is cancelled: the API drains its requests, the settler finishes (and
+/// commits) the batch in hand, the relay its batch.
+pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<SocketAddr, Error> {
+    let shutdown = supervisor.shutdown_token();
     let Settings { args, auth, kafka, topics: topic_args, profile } = settings;
     // before anything else: a service that would let anyone create money does not start
     let tokens = auth.resolve("ledger")?;
@@ -184,10 +181,11 @@ pub async fn start(
         Arc::new(outbox::health::DatabaseReady::new(pool.clone())),
         Arc::new(kafka::health::KafkaReady::new(producer.clone(), input.clone())),
     ];
-    let app = api::router(state).merge(telemetry::health::router_with_warnings(
+    let app = api::router(state).merge(telemetry::health::router_supervised(
         checks,
         telemetry::metrics::install(),
         tokens.warnings(),
+        supervisor,
     ));
     // after the recorder is installed (with the router above), before /readyz answers
     kafka::alerting::export_at_zero(std::slice::from_ref(&input), std::slice::from_ref(&input));
@@ -195,32 +193,37 @@ pub async fn start(
         telemetry::server::bind("ledger API", args.listen, app, shutdown.clone().cancelled_owned())
             .await
             .map_err(|source| Error::Bind { address: args.listen.to_string(), source })?;
-    tracker.spawn(serve);
+    supervisor.spawn("ledger/http", serve);
 
     let mut relay_options = match profile {
         Profile::Fast => RelayOptions::fast("ledger"),
         Profile::Reference => RelayOptions::reference("ledger"),
     };
     relay_options.retention = Duration::from_secs(args.outbox_retention_seconds);
-    tracker.spawn(Relay::new(pool.clone(), producer.clone(), relay_options).run(shutdown.clone()));
-    tracker.spawn(outbox::metrics::run(
-        pool.clone(),
-        "ledger",
-        outbox::metrics::Backlog::default(),
-        shutdown.clone(),
-    ));
+    supervisor.spawn(
+        "ledger/outbox-relay",
+        Relay::new(pool.clone(), producer.clone(), relay_options).run(shutdown.clone()),
+    );
+    supervisor.spawn(
+        "ledger/outbox-gauges",
+        outbox::metrics::run(pool.clone(), "ledger", outbox::metrics::Backlog::default(), shutdown.clone()),
+    );
 
     let consumer = kafka::consumer::subscribe(
         &consumer_config(&kafka, "ledger", &group, OffsetCommit::StoredAfterHandling),
         &[&input],
     )?;
-    tracker.spawn(kafka::lag::report(consumer.clone(), group.clone(), shutdown.clone()));
-    tracker.spawn(kafka::dlt::report_retained(
-        kafka.clone(),
-        vec![topics::dead_letter_topic(&input)],
-        kafka::lag::REFRESH_INTERVAL,
-        shutdown.clone(),
-    ));
+    supervisor
+        .spawn("ledger/lag-gauges", kafka::lag::report(consumer.clone(), group.clone(), shutdown.clone()));
+    supervisor.spawn(
+        "ledger/dlt-gauges",
+        kafka::dlt::report_retained(
+            kafka.clone(),
+            vec![topics::dead_letter_topic(&input)],
+            kafka::lag::REFRESH_INTERVAL,
+            shutdown.clone(),
+        ),
+    );
     let retry = args.retry_policy();
     tracing::info!(
         group,
@@ -244,10 +247,7 @@ pub async fn start(
         offsets: OffsetCommit::StoredAfterHandling,
         ..LoopOptions::default()
     };
-    tracker.spawn(async move {
-        if let Err(error) = kafka::consumer::run(consumer, settler, loop_options, shutdown).await {
-            tracing::error!(error = %telemetry::error_chain(&error), "ledger settler stopped");
-        }
-    });
+    supervisor
+        .spawn_fallible("ledger/settler", kafka::consumer::run(consumer, settler, loop_options, shutdown));
     Ok(bound)
 }

@@ -11,6 +11,9 @@
 //!   5 retries, as the article), then dead-lettered, and the next record goes on. Records are
 //!   handled in order, so retries never reorder an account's transfers;
 //! - a permanent failure of one record (e.g. a balance overflow) dead-letters it at once;
+//! - the database lacking an object of its schema (a dropped or renamed table, an old backup
+//!   restored: `StoreError::is_schema_missing`) is fatal: the loop stops without committing
+//!   the batch, the process exits non-zero, nothing is dead-lettered;
 //! - PostgreSQL unreachable is nobody's fault: the handler returns the error, the consumer
 //!   loop waits and retries the whole batch (already settled records are no-ops), readiness
 //!   reports the database down, and nothing is dead-lettered.
@@ -97,6 +100,7 @@ impl Settler {
             loop {
                 match self.settle(std::slice::from_ref(request)).await {
                     Ok(()) => break,
+                    Err(error) if error.is_schema_missing() => return Err(error),
                     Err(error) => match error.kind() {
                         FailureKind::Infrastructure => return Err(error),
                         FailureKind::Permanent => {
@@ -187,7 +191,7 @@ pub fn decode(record: &OwnedMessage) -> Result<Request, MalformedEvent> {
 /// Why a batch must be retried as a whole.
 #[derive(Debug, thiserror::Error)]
 pub enum SettleError {
-    #[error("the ledger database is unavailable")]
+    #[error("ledger database error")]
     Database(#[from] StoreError),
     #[error("dead letter not published")]
     DeadLetter(#[from] kafka::Error),
@@ -211,7 +215,9 @@ impl Handler for Settler {
             let all: Vec<Request> = requests.iter().map(|(_, request)| request.clone()).collect();
             match self.settle(&all).await {
                 Ok(()) => {}
-                Err(error) if error.kind() == FailureKind::Infrastructure => return Err(error.into()),
+                Err(error) if error.kind() == FailureKind::Infrastructure || error.is_schema_missing() => {
+                    return Err(error.into())
+                }
                 Err(error) => {
                     tracing::info!(records = all.len(), error = %telemetry::error_chain(&error), "batch failed; settling its records one by one");
                     failed.extend(self.settle_one_by_one(&requests).await?);
@@ -224,6 +230,11 @@ impl Handler for Settler {
             self.dead_letters.publish(record, failure).await?;
         }
         Ok(())
+    }
+
+    /// The ledger database lacks a table, column or function it migrated: stop, loudly.
+    fn is_fatal(&self, error: &SettleError) -> bool {
+        matches!(error, SettleError::Database(error) if error.is_schema_missing())
     }
 }
 

@@ -58,7 +58,12 @@ async fn run(events: usize, failing_every: Option<usize>) {
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
     let started = Instant::now();
-    notifications::start(settings, shutdown.clone(), &tracker).await.expect("start");
+    notifications::start(
+        settings,
+        &telemetry::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
+    )
+    .await
+    .expect("start");
     let expected = events + failing_every.map_or(0, |every| events.div_ceil(every));
     let mut first_call = None;
     loop {

@@ -22,8 +22,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
+use telemetry::supervisor::Supervisor;
 
 use contracts::topics;
 use kafka::config::{consumer_config, producer_config, OffsetCommit};
@@ -122,12 +121,10 @@ pub fn chain() -> Chain {
 }
 
 /// Makes sure the topics exist, then spawns the four stage consumers, the lag and
-/// dead-letter gauges and the health routes on `tracker`. Returns the health address.
-pub async fn start(
-    settings: Settings,
-    shutdown: CancellationToken,
-    tracker: &TaskTracker,
-) -> Result<SocketAddr, Error> {
+/// dead-letter gauges and the health routes on `supervisor`, each a named critical task.
+/// Returns the health address.
+pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<SocketAddr, Error> {
+    let shutdown = supervisor.shutdown_token();
     let Settings { args, kafka, topics: topic_args, profile } = settings;
     // before anything else: a webhook nobody can authenticate is sent only when asked for
     let mut warnings = Vec::new();
@@ -165,22 +162,29 @@ pub async fn start(
 
     let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> =
         vec![Arc::new(kafka::health::KafkaReady::new(producer.clone(), bases[0].clone()))];
-    let app = telemetry::health::router_with_warnings(checks, telemetry::metrics::install(), warnings);
+    let app =
+        telemetry::health::router_supervised(checks, telemetry::metrics::install(), warnings, supervisor);
     // after the recorder is installed (with the router above), before /readyz answers
     kafka::alerting::export_at_zero(&consumed, &bases);
     let (bound, serve) =
         telemetry::server::bind("notificacoes health", args.listen, app, shutdown.clone().cancelled_owned())
             .await
             .map_err(|source| Error::Bind { address: args.listen.to_string(), source })?;
-    tracker.spawn(serve);
+    supervisor.spawn("notificacoes/http", serve);
 
     for stage in stages {
+        let name = match stage.attempt {
+            1 => "notificacoes/main".to_owned(),
+            attempt => format!("notificacoes/retry-{}", chain.delays_ms[attempt as usize - 2]),
+        };
         let consumer = kafka::consumer::subscribe(
             &consumer_config(&kafka, "notificacoes", &stage.group, OffsetCommit::StoredAfterHandling),
             &stage.topics(),
         )?;
-        tracker.spawn(kafka::lag::report(consumer.clone(), stage.group.clone(), shutdown.clone()));
-        let group = stage.group.clone();
+        supervisor.spawn(
+            format!("{name}-lag-gauges"),
+            kafka::lag::report(consumer.clone(), stage.group.clone(), shutdown.clone()),
+        );
         let run = kafka::retry_topic::run(
             consumer,
             notifier.clone(),
@@ -190,19 +194,18 @@ pub async fn start(
             options.clone(),
             shutdown.clone(),
         );
-        tracker.spawn(async move {
-            if let Err(error) = run.await {
-                tracing::error!(error = %kafka::consumer::error_chain(&error), group, "notificacoes consumer stopped");
-            }
-        });
+        supervisor.spawn_fallible(name, run);
     }
     let dead_letter_topics = bases.iter().map(|base| topics::dead_letter_topic(base)).collect();
-    tracker.spawn(kafka::dlt::report_retained(
-        kafka.clone(),
-        dead_letter_topics,
-        kafka::lag::REFRESH_INTERVAL,
-        shutdown.clone(),
-    ));
+    supervisor.spawn(
+        "notificacoes/dlt-gauges",
+        kafka::dlt::report_retained(
+            kafka.clone(),
+            dead_letter_topics,
+            kafka::lag::REFRESH_INTERVAL,
+            shutdown.clone(),
+        ),
+    );
     tracing::info!(webhook = ?args.webhook_url.as_ref().map(redacted), "notificacoes started");
     Ok(bound)
 }

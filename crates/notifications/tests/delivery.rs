@@ -51,7 +51,12 @@ impl Running {
         };
         let shutdown = CancellationToken::new();
         let tracker = TaskTracker::new();
-        let health = notifications::start(settings, shutdown.clone(), &tracker).await.expect("start");
+        let health = notifications::start(
+            settings,
+            &telemetry::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
+        )
+        .await
+        .expect("start");
         let producer = Producer::new(&kafka::config::producer_config(&topics.args, "test", Duration::ZERO))
             .expect("producer");
         Self { topics, receiver, producer, health, shutdown, tracker }

@@ -56,7 +56,12 @@ async fn deliveries_verify_with_the_standard_webhooks_reference_library() {
     };
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
-    notifications::start(settings, shutdown.clone(), &tracker).await.expect("start");
+    notifications::start(
+        settings,
+        &telemetry::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
+    )
+    .await
+    .expect("start");
 
     let producer = Producer::new(&kafka::config::producer_config(&topics.args, "test", Duration::ZERO))
         .expect("producer");

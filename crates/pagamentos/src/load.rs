@@ -5,14 +5,13 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use tokio_util::sync::CancellationToken;
-
-use crate::shutdown;
+use telemetry::supervisor::Supervisor;
 
 pub async fn run(args: loadgen::LoadgenArgs) -> anyhow::Result<ExitCode> {
-    let stop = CancellationToken::new();
     // ctrl-c ends the sending; what was accepted is still waited for and reported
-    shutdown::cancel_on_signal(stop.clone());
+    let signals = Supervisor::new();
+    signals.cancel_on_signal();
+    let stop = signals.shutdown_token();
     let report = loadgen::run(args, stop).await?;
     println!("{}", serde_json::to_string(&report).context("encode the report")?);
     Ok(if report.is_clean() { ExitCode::SUCCESS } else { ExitCode::FAILURE })

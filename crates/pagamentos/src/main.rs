@@ -4,12 +4,12 @@
 //! - [`database`]: the two database URLs and a bounded-time connection.
 //! - [`migrate`]: `pagamentos migrate`, both databases' embedded migrations.
 //! - [`topics`]: `pagamentos topics`, create or verify every topic.
-//! - [`services`]: the service subcommands (start, wait for the signal, drain).
+//! - [`services`]: the service subcommands on the supervised shell (`telemetry::supervisor`):
+//!   start, wait for a signal or a stopped task, drain, exit status.
 //! - [`replication`]: the replication floor (3, or an explicit opt-in below it).
 //! - [`verify`]: `pagamentos verify`, the books against the contract's invariants.
 //! - [`dlt`]: `pagamentos dlt list|replay`, dead letters for operators.
 //! - [`republish`]: `pagamentos republish`, the request event of stuck transfers again.
-//! - [`shutdown`]: SIGINT/SIGTERM → one cancellation token → drain with a deadline.
 //!
 //! This crate only parses arguments, wires crates together and handles signals; the work is
 //! done in the crates it calls.
@@ -21,7 +21,6 @@ mod migrate;
 mod replication;
 mod republish;
 mod services;
-mod shutdown;
 mod topics;
 mod verify;
 

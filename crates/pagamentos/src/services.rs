@@ -2,12 +2,9 @@
 
 use std::process::ExitCode;
 
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
+use telemetry::supervisor::{Drained, Supervisor};
 
 use kafka::{KafkaArgs, Profile, TopicArgs};
-
-use crate::shutdown;
 
 /// What every service takes besides its own options.
 #[derive(Debug, Clone, clap::Args)]
@@ -104,24 +101,33 @@ enum AllError {
     Notifications(#[source] notifications::Error),
 }
 
-/// Starts a service with `start`, then waits for SIGINT/SIGTERM and drains.
-async fn serve<F, E>(
-    name: &str,
-    start: impl FnOnce(CancellationToken, TaskTracker) -> F,
-) -> anyhow::Result<ExitCode>
+/// The one service shell: starts a service with `start` on a [`Supervisor`], then waits for
+/// SIGINT/SIGTERM, or for a critical task to stop on its own, and drains. Exit 0 after an
+/// ordinary shutdown; non-zero when a task stopped (`task <name> stopped: <why>`, also on
+/// `/readyz` while the others drain), when the drain passed its deadline, or when the service
+/// did not start.
+async fn serve<F, E>(name: &str, start: impl FnOnce(Supervisor) -> F) -> anyhow::Result<ExitCode>
 where
     F: std::future::Future<Output = Result<std::net::SocketAddr, E>>,
     E: std::error::Error + Send + Sync + 'static,
 {
-    let token = CancellationToken::new();
-    let tracker = TaskTracker::new();
-    shutdown::cancel_on_signal(token.clone());
-    if let Err(error) = start(token.clone(), tracker.clone()).await {
-        token.cancel();
-        shutdown::drain(&token, &tracker).await;
+    let supervisor = Supervisor::new();
+    supervisor.cancel_on_signal();
+    if let Err(error) = start(supervisor.clone()).await {
+        supervisor.shut_down();
+        supervisor.drain().await;
         return Err(anyhow::Error::new(error).context(format!("pagamentos {name} did not start")));
     }
-    Ok(if shutdown::drain(&token, &tracker).await { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    match supervisor.drain().await {
+        Drained::Clean => Ok(ExitCode::SUCCESS),
+        Drained::Stopped(stopped) => {
+            for line in &stopped {
+                eprintln!("error: pagamentos {name}: {line}");
+            }
+            Ok(ExitCode::FAILURE)
+        }
+        Drained::DeadlinePassed => Ok(ExitCode::FAILURE),
+    }
 }
 
 pub async fn transfers(command: TransfersCommand) -> anyhow::Result<ExitCode> {
@@ -133,8 +139,7 @@ pub async fn transfers(command: TransfersCommand) -> anyhow::Result<ExitCode> {
         topics: command.common.topics,
         profile: command.common.profile,
     };
-    serve("transferencias", |token, tracker| async move { transfers::start(settings, token, &tracker).await })
-        .await
+    serve("transferencias", |supervisor| async move { transfers::start(settings, &supervisor).await }).await
 }
 
 pub async fn antifraud(command: AntifraudCommand) -> anyhow::Result<ExitCode> {
@@ -145,8 +150,7 @@ pub async fn antifraud(command: AntifraudCommand) -> anyhow::Result<ExitCode> {
         topics: command.common.topics,
         profile: command.common.profile,
     };
-    serve("antifraude", |token, tracker| async move { antifraud::start(settings, token, &tracker).await })
-        .await
+    serve("antifraude", |supervisor| async move { antifraud::start(settings, &supervisor).await }).await
 }
 
 pub async fn ledger(command: LedgerCommand) -> anyhow::Result<ExitCode> {
@@ -158,7 +162,7 @@ pub async fn ledger(command: LedgerCommand) -> anyhow::Result<ExitCode> {
         topics: command.common.topics,
         profile: command.common.profile,
     };
-    serve("ledger", |token, tracker| async move { ledger::start(settings, token, &tracker).await }).await
+    serve("ledger", |supervisor| async move { ledger::start(settings, &supervisor).await }).await
 }
 
 pub async fn notifications(command: NotificationsCommand) -> anyhow::Result<ExitCode> {
@@ -169,11 +173,7 @@ pub async fn notifications(command: NotificationsCommand) -> anyhow::Result<Exit
         topics: command.common.topics,
         profile: command.common.profile,
     };
-    serve(
-        "notificacoes",
-        |token, tracker| async move { notifications::start(settings, token, &tracker).await },
-    )
-    .await
+    serve("notificacoes", |supervisor| async move { notifications::start(settings, &supervisor).await }).await
 }
 
 /// The four services in one process: one runtime, one telemetry set-up, one shutdown signal
@@ -188,7 +188,7 @@ pub async fn all(command: AllCommand) -> anyhow::Result<ExitCode> {
         auth,
         common,
     } = command;
-    serve("all", |token, tracker| async move {
+    serve("all", |supervisor| async move {
         let CommonArgs { kafka, topics, profile, .. } = common;
         // downstream first, so nothing the upstream services publish waits for a consumer
         let ledger = ledger::start(
@@ -199,8 +199,7 @@ pub async fn all(command: AllCommand) -> anyhow::Result<ExitCode> {
                 topics: topics.clone(),
                 profile,
             },
-            token.clone(),
-            &tracker,
+            &supervisor,
         )
         .await
         .map_err(AllError::Ledger)?;
@@ -211,8 +210,7 @@ pub async fn all(command: AllCommand) -> anyhow::Result<ExitCode> {
                 topics: topics.clone(),
                 profile,
             },
-            token.clone(),
-            &tracker,
+            &supervisor,
         )
         .await
         .map_err(AllError::Notifications)?;
@@ -223,15 +221,13 @@ pub async fn all(command: AllCommand) -> anyhow::Result<ExitCode> {
                 topics: topics.clone(),
                 profile,
             },
-            token.clone(),
-            &tracker,
+            &supervisor,
         )
         .await
         .map_err(AllError::Antifraud)?;
         let transfers = transfers::start(
             transfers::Settings { args: transfers_args, auth, kafka, topics, profile },
-            token.clone(),
-            &tracker,
+            &supervisor,
         )
         .await
         .map_err(AllError::Transfers)?;

@@ -18,6 +18,8 @@ use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 
+use crate::supervisor::Supervisor;
+
 /// How long one readiness check may take before it counts as failed.
 pub const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -34,6 +36,7 @@ struct HealthState {
     checks: Arc<Vec<Arc<dyn ReadinessCheck>>>,
     metrics: PrometheusHandle,
     warnings: Arc<Vec<String>>,
+    supervisor: Option<Supervisor>,
 }
 
 /// The three routes, to merge into a service's router.
@@ -47,11 +50,32 @@ pub fn router_with_warnings(
     metrics: PrometheusHandle,
     warnings: Vec<String>,
 ) -> Router {
+    routes(HealthState { checks: Arc::new(checks), metrics, warnings: Arc::new(warnings), supervisor: None })
+}
+
+/// [`router_with_warnings`] for a service run by `supervisor`: `/readyz` also answers `503`
+/// with a `task <name> stopped: <why>` line per task that stopped on its own, and a
+/// `shutting down` line once the shutdown began.
+pub fn router_supervised(
+    checks: Vec<Arc<dyn ReadinessCheck>>,
+    metrics: PrometheusHandle,
+    warnings: Vec<String>,
+    supervisor: &Supervisor,
+) -> Router {
+    routes(HealthState {
+        checks: Arc::new(checks),
+        metrics,
+        warnings: Arc::new(warnings),
+        supervisor: Some(supervisor.clone()),
+    })
+}
+
+fn routes(state: HealthState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(render_metrics))
-        .with_state(HealthState { checks: Arc::new(checks), metrics, warnings: Arc::new(warnings) })
+        .with_state(state)
 }
 
 #[derive(utoipa::OpenApi)]
@@ -83,7 +107,7 @@ async fn healthz() -> &'static str {
     security(()),
     responses(
         (status = 200, description = "`ready`, then a `warning:` line per unsafe mode the service runs in (e.g. `--insecure-no-auth`)", content_type = "text/plain"),
-        (status = 503, description = "`not ready`, one line per failing dependency, then the `warning:` lines", content_type = "text/plain")
+        (status = 503, description = "`not ready`, then a `task <name> stopped: <why>` line per task that stopped (the process is shutting down and exits non-zero) or `shutting down`, one line per failing dependency, then the `warning:` lines", content_type = "text/plain")
     )
 )]
 async fn readyz(State(state): State<HealthState>) -> Response {
@@ -95,10 +119,16 @@ async fn readyz(State(state): State<HealthState>) -> Response {
         (check.name(), outcome)
     }))
     .await;
-    let failures: Vec<String> = results
-        .into_iter()
-        .filter_map(|(name, outcome)| outcome.err().map(|why| format!("{name}: {why}")))
-        .collect();
+    let mut failures: Vec<String> = Vec::new();
+    if let Some(supervisor) = &state.supervisor {
+        failures.extend(supervisor.stopped());
+        if failures.is_empty() && supervisor.is_shutting_down() {
+            failures.push("shutting down".to_owned());
+        }
+    }
+    failures.extend(
+        results.into_iter().filter_map(|(name, outcome)| outcome.err().map(|why| format!("{name}: {why}"))),
+    );
     let warnings: String = state.warnings.iter().map(|warning| format!("warning: {warning}\n")).collect();
     if failures.is_empty() {
         (StatusCode::OK, format!("ready\n{warnings}")).into_response()
@@ -201,6 +231,23 @@ mod tests {
         let (status, body) = get(router(checks, handle), "/readyz").await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert!(body.contains("hangs: no answer"), "{body}");
+    }
+
+    #[tokio::test]
+    async fn a_stopped_task_is_named_on_readyz() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("broker gone")]
+        struct Gone;
+        let handle = crate::metrics::install();
+        let supervisor = Supervisor::new();
+        let ok: Vec<Arc<dyn ReadinessCheck>> = vec![Arc::new(Fixed("postgres", Ok(())))];
+        let app = router_supervised(ok, handle, Vec::new(), &supervisor);
+        assert_eq!(get(app.clone(), "/readyz").await, (StatusCode::OK, "ready\n".to_owned()));
+        supervisor.spawn_fallible("ledger/settler", async { Err::<(), _>(Gone) });
+        supervisor.shutdown_token().cancelled().await;
+        let (status, body) = get(app, "/readyz").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body, "not ready\ntask ledger/settler stopped: broker gone\n");
     }
 
     #[tokio::test]

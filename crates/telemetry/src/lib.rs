@@ -8,6 +8,8 @@
 //! - [`health`]: `/healthz`, `/readyz` (dependency checks) and `/metrics` as an axum router.
 //! - [`context`]: the current span's `traceparent` and spans continued from one.
 //! - [`server`]: bind a router and serve it until shutdown.
+//! - [`supervisor`]: the service shell: named critical tasks, one shutdown token, a task that
+//!   stops shuts the process down with a non-zero exit.
 //!
 //! # Architecture invariant
 //! Knows nothing of Kafka, databases or the domain: readiness checks are supplied by the
@@ -19,6 +21,7 @@ pub mod log_format;
 pub mod logging;
 pub mod metrics;
 pub mod server;
+pub mod supervisor;
 
 /// `url` fit for a log or a `Debug` print: its password replaced by `***` and its query and
 /// fragment (where tokens travel) dropped. Text that is not a URL is shown as `***` whole.

@@ -30,8 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::PgPoolOptions;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
+use telemetry::supervisor::Supervisor;
 
 use contracts::topics;
 use kafka::config::{consumer_config, producer_config, OffsetCommit};
@@ -128,14 +127,12 @@ pub struct Settings {
 }
 
 /// Connects, migrates, makes sure the topics exist, then spawns the API, the outbox relay,
-/// the backlog gauges and the projection on `tracker`. Returns the API's bound address (port
-/// 0 picks a free one). Everything stops when `shutdown` is cancelled: the API drains its
-/// requests, the relay and the projection finish the batch in hand.
-pub async fn start(
-    settings: Settings,
-    shutdown: CancellationToken,
-    tracker: &TaskTracker,
-) -> Result<SocketAddr, Error> {
+/// the backlog gauges and the projection on `supervisor`, each a named critical task. Returns
+/// the API's bound address (port 0 picks a free one). Everything stops when the supervisor's
+/// shutdown token is cancelled: the API drains its requests, the relay and the projection
+/// finish the batch in hand.
+pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<SocketAddr, Error> {
+    let shutdown = supervisor.shutdown_token();
     let Settings { args, auth, kafka, topics: topic_args, profile } = settings;
     // before anything else: a service that would serve money without auth does not start
     let tokens = auth.resolve("transferencias")?;
@@ -177,10 +174,11 @@ pub async fn start(
         Arc::new(outbox::health::DatabaseReady::new(pool.clone())),
         Arc::new(kafka::health::KafkaReady::new(producer.clone(), kafka.topic(topics::REQUESTED))),
     ];
-    let app = api::router(state).merge(telemetry::health::router_with_warnings(
+    let app = api::router(state).merge(telemetry::health::router_supervised(
         checks,
         telemetry::metrics::install(),
         tokens.warnings(),
+        supervisor,
     ));
     // after the recorder is installed (with the router above), before /readyz answers
     let outcomes = [kafka.topic(topics::SETTLED), kafka.topic(topics::REJECTED)];
@@ -189,15 +187,21 @@ pub async fn start(
         telemetry::server::bind("transferencias API", args.listen, app, shutdown.clone().cancelled_owned())
             .await
             .map_err(|source| Error::Bind { address: args.listen.to_string(), source })?;
-    tracker.spawn(serve);
+    supervisor.spawn("transferencias/http", serve);
 
     let mut relay_options = match profile {
         Profile::Fast => RelayOptions::fast("transferencias"),
         Profile::Reference => RelayOptions::reference("transferencias"),
     };
     relay_options.retention = Duration::from_secs(args.outbox_retention_seconds);
-    tracker.spawn(Relay::new(pool.clone(), producer.clone(), relay_options).run(shutdown.clone()));
-    tracker.spawn(outbox::metrics::run(pool.clone(), "transferencias", backlog, shutdown.clone()));
+    supervisor.spawn(
+        "transferencias/outbox-relay",
+        Relay::new(pool.clone(), producer.clone(), relay_options).run(shutdown.clone()),
+    );
+    supervisor.spawn(
+        "transferencias/outbox-gauges",
+        outbox::metrics::run(pool.clone(), "transferencias", backlog, shutdown.clone()),
+    );
 
     let group = kafka.group(topics::groups::TRANSFERS_PROJECTION);
     let settled = kafka.topic(topics::SETTLED);
@@ -206,27 +210,27 @@ pub async fn start(
         &consumer_config(&kafka, "transferencias-projecao", &group, OffsetCommit::StoredAfterHandling),
         &[&settled, &rejected],
     )?;
-    tracker.spawn(kafka::lag::report(consumer.clone(), group.clone(), shutdown.clone()));
-    tracker.spawn(kafka::dlt::report_retained(
-        kafka.clone(),
-        vec![topics::dead_letter_topic(&settled), topics::dead_letter_topic(&rejected)],
-        kafka::lag::REFRESH_INTERVAL,
-        shutdown.clone(),
-    ));
+    supervisor.spawn(
+        "transferencias/lag-gauges",
+        kafka::lag::report(consumer.clone(), group.clone(), shutdown.clone()),
+    );
+    supervisor.spawn(
+        "transferencias/dlt-gauges",
+        kafka::dlt::report_retained(
+            kafka.clone(),
+            vec![topics::dead_letter_topic(&settled), topics::dead_letter_topic(&rejected)],
+            kafka::lag::REFRESH_INTERVAL,
+            shutdown.clone(),
+        ),
+    );
     let projection =
         projection::Projection::new(pool.clone(), settled, DeadLetterPublisher::new(producer.clone(), group));
-    {
-        let shutdown = shutdown.clone();
-        tracker.spawn(async move {
-            if let Err(error) =
-                kafka::consumer::run(consumer, projection, LoopOptions::default(), shutdown).await
-            {
-                tracing::error!(error = %kafka::consumer::error_chain(&error), "projection stopped");
-            }
-        });
-    }
+    supervisor.spawn_fallible(
+        "transferencias/projection",
+        kafka::consumer::run(consumer, projection, LoopOptions::default(), shutdown.clone()),
+    );
 
-    tracker.spawn(async move {
+    supervisor.spawn("transferencias/key-cleanup", async move {
         let mut interval = tokio::time::interval(KEY_CLEANUP_INTERVAL);
         loop {
             tokio::select! {

@@ -327,7 +327,11 @@ async fn without_tokens_the_service_refuses_to_start_unless_told_to_run_open() {
     ] {
         let shutdown = tokio_util::sync::CancellationToken::new();
         let tracker = tokio_util::task::TaskTracker::new();
-        let refused = transfers::start(settings(auth.clone()), shutdown.clone(), &tracker).await;
+        let refused = transfers::start(
+            settings(auth.clone()),
+            &telemetry::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
+        )
+        .await;
         assert!(matches!(refused, Err(transfers::Error::Auth(_))), "{auth:?}: {refused:?}");
         assert!(tracker.is_empty(), "{auth:?}: nothing was started");
     }

@@ -124,7 +124,12 @@ impl TestLedger {
         };
         let shutdown = CancellationToken::new();
         let tracker = TaskTracker::new();
-        let address = ledger::start(settings, shutdown.clone(), &tracker).await.expect("ledger starts");
+        let address = ledger::start(
+            settings,
+            &telemetry::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
+        )
+        .await
+        .expect("ledger starts");
         self.instances.push(Instance { address, shutdown, tracker });
         self.instances.last().expect("instance")
     }

@@ -68,7 +68,12 @@ pub async fn spawn_app_with_auth(
     };
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
-    let address = transfers::start(settings, shutdown.clone(), &tracker).await.expect("service starts");
+    let address = transfers::start(
+        settings,
+        &telemetry::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
+    )
+    .await
+    .expect("service starts");
     TestApp { address, http: reqwest::Client::new(), database, topics, shutdown, tracker }
 }
 

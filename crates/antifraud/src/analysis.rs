@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use kafka::consumer::{next_offsets, Handler, KafkaConsumer};
+use kafka::consumer::{next_offsets, Handler, KafkaConsumer, Verdict};
 use kafka::dead_letter::{dead_letter, Failure};
 use kafka::producer::OutgoingRecord;
 use kafka::rdkafka::consumer::Consumer;
@@ -277,7 +277,11 @@ fn decode(input: &OwnedMessage) -> Result<TransferRequested, MalformedEvent> {
 impl Handler for Analyser {
     type Error = AnalysisError;
 
-    async fn handle(&mut self, batch: &[OwnedMessage]) -> Result<(), AnalysisError> {
+    async fn handle(
+        &mut self,
+        batch: &[OwnedMessage],
+        _retrying: bool,
+    ) -> Result<Vec<Verdict>, AnalysisError> {
         // a retried batch may hold partitions that were revoked meanwhile: their new owner
         // starts from the last committed offset, so they are not ours to produce any more
         let assignment = self.consumer.assignment().ok();
@@ -292,7 +296,7 @@ impl Handler for Analyser {
         let owned = if self.retrying { self.not_yet_committed(owned).await? } else { owned };
         if owned.is_empty() {
             self.retrying = false;
-            return Ok(());
+            return Ok(Verdict::all_done(batch));
         }
         let started = std::time::Instant::now();
         self.retrying = true;
@@ -310,6 +314,7 @@ impl Handler for Analyser {
             };
             metrics::counter!("antifraude_registros_total", "resultado" => resultado).increment(1);
         }
-        Ok(())
+        // records of revoked partitions included: in a transaction nothing is stored for them
+        Ok(Verdict::all_done(batch))
     }
 }

@@ -108,10 +108,10 @@ async fn a_retry_after_a_commit_whose_answer_was_lost_commits_nothing_twice() {
     let batch = receive(&consumer, RECORDS).await;
     let mut analyser = analyser(&topics, consumer.clone(), &group);
 
-    analyser.handle(&batch).await.expect("first attempt commits");
+    analyser.handle(&batch, false).await.expect("first attempt commits");
     // the service did not hear the commit's answer: the whole batch comes round again
     analyser.assume_last_attempt_failed();
-    analyser.handle(&batch).await.expect("the retry succeeds");
+    analyser.handle(&batch, false).await.expect("the retry succeeds");
 
     let outputs = committed_outputs(&topics, RECORDS).await;
     assert_eq!(outputs.len(), RECORDS, "one committed output per input, none doubled: {outputs:?}");
@@ -165,7 +165,7 @@ async fn records_of_a_partition_revoked_mid_batch_are_left_to_its_new_owner() {
     assert!(!ours.is_empty() && ours.len() < ids.len(), "both partitions hold records: {}", ours.len());
 
     let mut analyser = analyser(&topics, first.clone(), &group);
-    analyser.handle(&batch).await.expect("the batch is handled");
+    analyser.handle(&batch, false).await.expect("the batch is handled");
 
     let outputs = committed_outputs(&topics, ours.len()).await;
     assert_eq!(outputs.len(), ours.len(), "only the owned partition's records: {outputs:?}");

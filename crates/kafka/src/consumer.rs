@@ -1,22 +1,28 @@
-//! The one consumer loop: services supply a [`Handler`], never a poll loop of their own.
+//! The one consumer runtime: services supply a [`Handler`], never a poll loop of their own.
 //!
 //! The loop collects a batch (up to `batch_records_max` records or `batch_wait_max` after the
-//! first), hands it to the handler, and stores each partition's next offset only once the
-//! handler returned `Ok`: the handler's work is durable by then, so a crash at any point
-//! redelivers, never loses. librdkafka commits stored offsets in the background and once more
-//! at shutdown. A failed batch is retried in place with exponential backoff (blocking retries:
-//! per-partition order is kept); records the handler can never process are its to dead-letter.
-//! While a batch waits for its retry the consumer is still polled, with its partitions paused:
-//! the group protocol needs the application to poll (a member that must re-join after a broker
-//! restart, a rebalance to acknowledge, `max.poll.interval.ms`), and a loop that only slept
-//! through a long outage would be fenced or stuck, its retries failing on a stale member.
-//! Before every attempt the batch loses the records whose partition was revoked after they
-//! were received ([`crate::context::Revocations`]): a member fenced while it was paused or
-//! partitioned away learns of it only when it polls, and by then the partition's new owner
-//! may have handled them.
+//! first), hands it to the handler, and gets a [`Verdict`] per record. Records done or
+//! dead-lettered (the runtime publishes the dead letters and waits for their acknowledgement)
+//! have their partition's next offset stored only then: the handler's work is durable by then,
+//! so a crash at any point redelivers, never loses. librdkafka commits stored offsets in the
+//! background and once more at shutdown. The runtime owns the retries: a record the handler
+//! calls [`Verdict::Retry`] is retried in place after [`LoopOptions::record_retry`]'s backoff
+//! and dead-lettered once its retries run out; a batch the handler fails as a whole (`Err`) is
+//! retried in place with [`LoopOptions::backoff`], without a cap. Both are blocking retries:
+//! per-partition order is kept. While a record or batch waits for its retry the consumer is
+//! still polled, with its partitions paused: the group protocol needs the application to poll
+//! (a member that must re-join after a broker restart, a rebalance to acknowledge,
+//! `max.poll.interval.ms`), and a loop that only slept through a long outage would be fenced or
+//! stuck, its retries failing on a stale member. Before every attempt the batch loses the
+//! records whose partition was revoked after they were received
+//! ([`crate::context::Revocations`]): a member fenced while it was paused or partitioned away
+//! learns of it only when it polls, and by then the partition's new owner may have handled
+//! them.
 //!
 //! Shutdown is watched only between batches and during backoff, never while a handler runs:
-//! the batch in hand finishes, its offsets are stored and committed, then the loop returns.
+//! the batch in hand finishes, its offsets are stored and committed, then the loop returns. A
+//! shutdown during a backoff ends the wait at once and commits nothing of the waiting records.
+//! A handler error that [`Handler::is_fatal`] calls fatal ends the loop with [`Error::Fatal`].
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -31,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::OffsetCommit;
 use crate::context::{Context, Revocations};
+use crate::dead_letter::{DeadLetterPublisher, Failure};
 use crate::Error;
 
 /// A consumer built with [`crate::context::Context`].
@@ -43,14 +50,43 @@ pub fn subscribe(config: &ClientConfig, topics: &[&str]) -> Result<Arc<KafkaCons
     Ok(Arc::new(consumer))
 }
 
-/// What a handler does with a batch. Implementations make the batch's effects durable (or
-/// decide they are not needed) before returning `Ok`.
+/// What became of one record of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Handled (its effects durable, or not needed).
+    Done,
+    /// Failed in a way a later attempt may fix: the runtime retries it after a backoff, in
+    /// place, up to [`LoopOptions::record_retry`]'s cap, then dead-letters it with this failure.
+    Retry(Failure),
+    /// Can never be handled: the runtime publishes its dead letter with this failure.
+    DeadLetter(Failure),
+}
+
+impl Verdict {
+    /// `Done` for every record of `batch`.
+    pub fn all_done(batch: &[OwnedMessage]) -> Vec<Verdict> {
+        vec![Verdict::Done; batch.len()]
+    }
+}
+
+/// What a handler does with a batch. Implementations make the effects of the records they
+/// call [`Verdict::Done`] durable before returning.
 pub trait Handler: Send {
     type Error: std::error::Error + Send + Sync + 'static;
 
-    /// Processes `batch` (records of any assigned partitions, in partition order). `Err`
-    /// means nothing of the batch may be considered done: it is retried as a whole.
-    fn handle(&mut self, batch: &[OwnedMessage]) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    /// Processes `batch` (records of any assigned partitions, in partition order) and returns
+    /// one verdict per record, in order. A handler may stop at the first [`Verdict::Retry`]
+    /// and return fewer verdicts: the records after it are handed again, after the retried
+    /// one, so an account's records are never reordered (verdicts after the first `Retry` are
+    /// ignored for the same reason). `retrying` is true when the batch starts with a record
+    /// that failed before (the ledger then settles one record per transaction). `Err` means
+    /// nothing of the batch may be considered done (the database or broker is away): the
+    /// whole batch is retried after a backoff, without a cap.
+    fn handle(
+        &mut self,
+        batch: &[OwnedMessage],
+        retrying: bool,
+    ) -> impl Future<Output = Result<Vec<Verdict>, Self::Error>> + Send;
 
     /// `true` when `error` is one that no retry can fix and that is no record's fault (the
     /// service and its database disagree on the schema, say): the loop stops without storing
@@ -58,6 +94,34 @@ pub trait Handler: Send {
     /// process with a non-zero exit. Every other error is retried.
     fn is_fatal(&self, _error: &Self::Error) -> bool {
         false
+    }
+}
+
+/// Blocking retries of one record that failed ([`Verdict::Retry`]).
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    pub backoff: Backoff,
+    /// Retries after the first attempt before the record is dead-lettered.
+    pub retries: u32,
+}
+
+impl Default for RetryPolicy {
+    /// The reference article's error handler: 500 ms, doubling, at most 15 s, 5 retries.
+    fn default() -> Self {
+        Self { backoff: Backoff::default(), retries: 5 }
+    }
+}
+
+impl RetryPolicy {
+    /// After a failure of a record already retried `retried` times: the pause before the next
+    /// retry, or `None` when the retries are used up (dead-letter it).
+    pub fn after_failure(&self, retried: u32) -> Option<Duration> {
+        (retried < self.retries).then(|| self.backoff.delay(retried + 1))
+    }
+
+    /// The longest a record can spend in its retries.
+    pub fn worst_case(&self) -> Duration {
+        (1..=self.retries).map(|attempt| self.backoff.delay(attempt)).sum()
     }
 }
 
@@ -91,7 +155,13 @@ pub struct LoopOptions {
     pub batch_records_max: usize,
     /// How long to keep filling a batch after its first record.
     pub batch_wait_max: Duration,
+    /// Pauses between attempts at a batch whose handler returned `Err` (no cap).
     pub backoff: Backoff,
+    /// Retries of a record the handler gave [`Verdict::Retry`], and their pauses.
+    pub record_retry: RetryPolicy,
+    /// Where [`Verdict::DeadLetter`] records (and records out of retries) go; a handler that
+    /// returns such verdicts without one stops the loop ([`Error::Fatal`]).
+    pub dead_letters: Option<DeadLetterPublisher>,
     /// Who moves the group's offsets: the loop (after the handler succeeded) or the handler's
     /// Kafka transaction; must match the consumer's configuration.
     pub offsets: OffsetCommit,
@@ -103,6 +173,8 @@ impl Default for LoopOptions {
             batch_records_max: 500,
             batch_wait_max: Duration::from_millis(5),
             backoff: Backoff::default(),
+            record_retry: RetryPolicy::default(),
+            dead_letters: None,
             offsets: OffsetCommit::StoredAfterHandling,
         }
     }
@@ -160,7 +232,10 @@ async fn consume<H: Handler>(
         } else {
             carried.split_off_front(options.batch_records_max)
         };
+        // attempts at the batch that failed as a whole; retries of its first record
         let mut attempt = 0u32;
+        let mut head_retries = 0u32;
+        let mut retrying = false;
         loop {
             // before every attempt: what a rebalance took away since it was received is not
             // this consumer's any more (see `Revocations`)
@@ -174,26 +249,14 @@ async fn consume<H: Handler>(
             if batch.records.is_empty() {
                 break;
             }
-            let batch_records = &batch.records;
             let started = Instant::now();
-            match handler.handle(batch_records).await {
-                Ok(()) => {
-                    metrics::histogram!("kafka_batch_handling_seconds")
-                        .record(started.elapsed().as_secs_f64());
-                    if options.offsets == OffsetCommit::StoredAfterHandling {
-                        store_offsets(consumer, batch_records);
-                    }
-                    carried.drop_handled(batch_records);
-                    if carried.records.is_empty() {
-                        paused.resume_all(consumer);
-                    }
-                    break;
-                }
+            let verdicts = match handler.handle(&batch.records, retrying).await {
+                Ok(verdicts) => verdicts,
                 Err(error) if handler.is_fatal(&error) => {
-                    let first = &batch_records[0];
+                    let first = &batch.records[0];
                     tracing::error!(
                         error = %error_chain(&error),
-                        records = batch_records.len(),
+                        records = batch.records.len(),
                         topic = first.topic(),
                         partition = first.partition(),
                         offset = first.offset(),
@@ -204,12 +267,12 @@ async fn consume<H: Handler>(
                 Err(error) => {
                     attempt += 1;
                     let delay = options.backoff.delay(attempt);
-                    let first = &batch_records[0];
+                    let first = &batch.records[0];
                     metrics::counter!("retries_total", "topic" => first.topic().to_owned()).increment(1);
                     tracing::warn!(
                         error = %error_chain(&error),
                         attempt,
-                        records = batch_records.len(),
+                        records = batch.records.len(),
                         topic = first.topic(),
                         partition = first.partition(),
                         offset = first.offset(),
@@ -221,11 +284,193 @@ async fn consume<H: Handler>(
                     if wait_polling(consumer, delay, shutdown, &mut carried, &mut paused).await? {
                         return Ok(());
                     }
+                    continue;
                 }
+            };
+            metrics::histogram!("kafka_batch_handling_seconds").record(started.elapsed().as_secs_f64());
+            attempt = 0;
+            let Walk { handled, mut dead_letters, retry } =
+                walk(verdicts, batch.records.len()).map_err(|error| Error::Fatal(Box::new(error)))?;
+            let prior = if handled == 0 { head_retries } else { 0 };
+            let mut handled = handled;
+            let retry = match retry {
+                Some(failure) => match options.record_retry.after_failure(prior) {
+                    Some(delay) => Some((failure, delay)),
+                    None => {
+                        let record = &batch.records[handled];
+                        tracing::warn!(
+                            topic = record.topic(),
+                            partition = record.partition(),
+                            offset = record.offset(),
+                            attempts = prior + 1,
+                            reason = failure.message,
+                            "retries exhausted; dead-lettering the record"
+                        );
+                        dead_letters.push((handled, failure));
+                        handled += 1;
+                        None
+                    }
+                },
+                None => None,
+            };
+            if !dead_letters.is_empty() {
+                let Some(publisher) = &options.dead_letters else {
+                    return Err(Error::Fatal(
+                        "the handler dead-lettered a record but the loop has no dead-letter publisher".into(),
+                    ));
+                };
+                let letters: Vec<(&OwnedMessage, Failure)> = dead_letters
+                    .into_iter()
+                    .map(|(index, failure)| (&batch.records[index], failure))
+                    .collect();
+                if !publish_all(publisher, &letters, consumer, options, shutdown, &mut carried, &mut paused)
+                    .await?
+                {
+                    return Ok(()); // shut down before the dead letters were acknowledged: redelivered
+                }
+            }
+            let done = batch.split_off_front(handled);
+            if !done.records.is_empty() {
+                if options.offsets == OffsetCommit::StoredAfterHandling {
+                    store_offsets(consumer, &done.records);
+                }
+                carried.drop_handled(&done.records);
+            }
+            let Some((failure, delay)) = retry else {
+                if batch.records.is_empty() {
+                    if carried.records.is_empty() {
+                        paused.resume_all(consumer);
+                    }
+                    break;
+                }
+                // a record out of retries was dead-lettered: the rest of the batch comes next,
+                // still one by one
+                head_retries = 0;
+                continue;
+            };
+            head_retries = prior + 1;
+            retrying = true;
+            let record = &batch.records[0];
+            metrics::counter!("retries_total", "topic" => record.topic().to_owned()).increment(1);
+            tracing::info!(
+                topic = record.topic(),
+                partition = record.partition(),
+                offset = record.offset(),
+                attempt = head_retries,
+                retry_in_ms = delay.as_millis() as u64,
+                reason = failure.message,
+                "record failed; retrying it in place"
+            );
+            paused.pause_consumed(consumer);
+            if wait_polling(consumer, delay, shutdown, &mut carried, &mut paused).await? {
+                return Ok(()); // the record and those after it stay uncommitted
             }
         }
         if carried.records.is_empty() {
             paused.resume_all(consumer); // the whole batch was revoked during the retries
+        }
+    }
+}
+
+/// A handler's verdicts on a batch of `len` records, read in order.
+#[derive(Debug, PartialEq, Eq)]
+struct Walk {
+    /// How many records, from the front, are finished (done or to dead-letter).
+    handled: usize,
+    /// (index, failure) of the records to dead-letter, in order.
+    dead_letters: Vec<(usize, Failure)>,
+    /// The failure of the record at `handled`, which is to be retried.
+    retry: Option<Failure>,
+}
+
+/// The handler broke [`Handler::handle`]'s contract.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the handler returned {verdicts} verdicts for {records} records (fewer only when the last is a retry)"
+)]
+struct VerdictCount {
+    verdicts: usize,
+    records: usize,
+}
+
+fn walk(verdicts: Vec<Verdict>, len: usize) -> Result<Walk, VerdictCount> {
+    let count = verdicts.len();
+    let mut walk = Walk { handled: 0, dead_letters: Vec::new(), retry: None };
+    for (index, verdict) in verdicts.into_iter().enumerate() {
+        match verdict {
+            Verdict::Done => {}
+            Verdict::DeadLetter(failure) => walk.dead_letters.push((index, failure)),
+            Verdict::Retry(failure) => {
+                walk.retry = Some(failure);
+                break;
+            }
+        }
+        walk.handled = index + 1;
+    }
+    let complete = walk.handled == len && walk.retry.is_none();
+    if count > len || !(complete || walk.retry.is_some()) {
+        return Err(VerdictCount { verdicts: count, records: len });
+    }
+    Ok(walk)
+}
+
+/// Publishes `letters` in order until the broker acknowledged each, backing off (and
+/// polling, paused) between tries. `false` when `shutdown` came first.
+async fn publish_all(
+    publisher: &DeadLetterPublisher,
+    letters: &[(&OwnedMessage, Failure)],
+    consumer: &KafkaConsumer,
+    options: &LoopOptions,
+    shutdown: &CancellationToken,
+    carried: &mut Batch,
+    paused: &mut Paused,
+) -> Result<bool, Error> {
+    let mut next = 0;
+    let mut attempt = 0u32;
+    while next < letters.len() {
+        let (record, failure) = &letters[next];
+        match publisher.publish(record, failure).await {
+            Ok(_) => next += 1,
+            Err(error) => {
+                attempt += 1;
+                let delay = options.backoff.delay(attempt);
+                tracing::warn!(error = %error_chain(&error), attempt, retry_in_ms = delay.as_millis() as u64, "dead letter not published; retrying");
+                paused.pause_consumed(consumer);
+                if wait_polling(consumer, delay, shutdown, carried, paused).await? {
+                    return Ok(false);
+                }
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// How a backoff wait ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Waited {
+    Elapsed,
+    Shutdown,
+}
+
+/// Waits `delay` unless `shutdown` comes first, meanwhile taking whatever `poll` yields and
+/// handing it to `taken`: the runtime's one backoff wait. `poll` must be cancel-safe.
+pub(crate) async fn backoff<T, E, Fut>(
+    delay: Duration,
+    shutdown: &CancellationToken,
+    mut poll: impl FnMut() -> Fut,
+    mut taken: impl FnMut(T),
+) -> Result<Waited, E>
+where
+    Fut: Future<Output = Result<T, E>>,
+{
+    let sleep = tokio::time::sleep(delay);
+    tokio::pin!(sleep);
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return Ok(Waited::Shutdown),
+            _ = &mut sleep => return Ok(Waited::Elapsed),
+            item = poll() => taken(item?),
         }
     }
 }
@@ -294,21 +539,18 @@ async fn wait_polling(
     carried: &mut Batch,
     paused: &mut Paused,
 ) -> Result<bool, Error> {
-    let sleep = tokio::time::sleep(delay);
-    tokio::pin!(sleep);
-    loop {
-        tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => return Ok(true),
-            _ = &mut sleep => return Ok(false),
-            taken = receive_taken(consumer) => {
-                let taken = taken?;
-                // e.g. a partition assigned by a rebalance during the wait
-                paused.pause(consumer, taken.0.topic(), taken.0.partition());
-                carried.push(taken);
-            }
-        }
-    }
+    let waited = backoff(
+        delay,
+        shutdown,
+        || receive_taken(consumer),
+        |taken: (OwnedMessage, u64)| {
+            // e.g. a partition assigned by a rebalance during the wait
+            paused.pause(consumer, taken.0.topic(), taken.0.partition());
+            carried.push(taken);
+        },
+    )
+    .await?;
+    Ok(waited == Waited::Shutdown)
 }
 
 /// The partitions this loop paused while a batch waited for its retry, each with the
@@ -586,6 +828,100 @@ mod tests {
         taken.push((record("a", 0, 5), t1));
         assert_eq!(taken.drop_revoked(&revocations), 1);
         assert_eq!(left(&taken), [("a", 1, 7, t0), ("a", 0, 5, t1)]);
+    }
+
+    fn failure(message: &str) -> Failure {
+        Failure {
+            exception_fqcn: "test::Failed".into(),
+            cause_fqcn: "test::Cause".into(),
+            message: message.into(),
+            stacktrace: message.into(),
+        }
+    }
+
+    #[test]
+    fn verdicts_are_read_in_order_up_to_the_first_retry() {
+        use Verdict::{DeadLetter, Done, Retry};
+        let walked = walk(vec![Done, DeadLetter(failure("poison")), Done], 3).expect("complete");
+        assert_eq!(walked, Walk { handled: 3, dead_letters: vec![(1, failure("poison"))], retry: None });
+        // a retry ends the walk: what follows it waits for it, whatever its verdict
+        let walked = walk(vec![Done, Retry(failure("busy")), Done], 3).expect("retry");
+        assert_eq!(walked, Walk { handled: 1, dead_letters: vec![], retry: Some(failure("busy")) });
+        let walked = walk(vec![Retry(failure("busy"))], 3).expect("a handler may stop at a retry");
+        assert_eq!(walked.handled, 0);
+        // too few verdicts without a retry, or too many: the handler is broken
+        assert!(walk(vec![Done], 2).is_err());
+        assert!(walk(vec![Done, Done], 1).is_err());
+    }
+
+    #[test]
+    fn record_retries_follow_the_articles_schedule_then_dead_letter() {
+        let policy = RetryPolicy::default();
+        let schedule: Vec<Option<u64>> =
+            (0..=5).map(|retried| policy.after_failure(retried).map(|d| d.as_millis() as u64)).collect();
+        assert_eq!(schedule, [Some(500), Some(1_000), Some(2_000), Some(4_000), Some(8_000), None]);
+        assert_eq!(policy.worst_case(), Duration::from_millis(15_500));
+        let none = RetryPolicy { retries: 0, ..RetryPolicy::default() };
+        assert_eq!(none.after_failure(0), None);
+    }
+
+    /// A source with nothing to deliver (a paused consumer).
+    async fn nothing() -> Result<(), std::convert::Infallible> {
+        std::future::pending().await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_backoff_wait_lasts_its_delay_on_the_clock() {
+        let shutdown = CancellationToken::new();
+        let started = tokio::time::Instant::now();
+        let wait = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { backoff(Duration::from_secs(15), &shutdown, nothing, |()| {}).await }
+        });
+        tokio::task::yield_now().await; // the wait starts its clock
+        tokio::time::advance(Duration::from_millis(14_999)).await;
+        tokio::task::yield_now().await;
+        assert!(!wait.is_finished(), "the wait ended before its delay");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(wait.await.expect("join"), Ok(Waited::Elapsed));
+        assert_eq!(started.elapsed(), Duration::from_secs(15));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shutdown_ends_a_backoff_wait_at_once() {
+        let shutdown = CancellationToken::new();
+        let started = tokio::time::Instant::now();
+        let wait = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { backoff(Duration::from_secs(15), &shutdown, nothing, |()| {}).await }
+        });
+        tokio::task::yield_now().await; // the wait starts its clock
+        tokio::time::advance(Duration::from_secs(1)).await;
+        shutdown.cancel();
+        assert_eq!(wait.await.expect("join"), Ok(Waited::Shutdown));
+        assert_eq!(started.elapsed(), Duration::from_secs(1), "the shutdown waited for the clock");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_backoff_wait_keeps_polling() {
+        let shutdown = CancellationToken::new();
+        let mut delivered = vec![1, 2, 3].into_iter();
+        let mut taken = Vec::new();
+        let poll = || {
+            let next = delivered.next();
+            async move {
+                match next {
+                    Some(item) => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        Ok::<_, std::convert::Infallible>(item)
+                    }
+                    None => std::future::pending().await,
+                }
+            }
+        };
+        let waited = backoff(Duration::from_secs(1), &shutdown, poll, |item| taken.push(item)).await;
+        assert_eq!(waited, Ok(Waited::Elapsed));
+        assert_eq!(taken, [1, 2, 3], "records arriving during the wait are taken, not left unpolled");
     }
 
     #[test]

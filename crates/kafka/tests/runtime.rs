@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use contracts::headers::{decode_int, decode_long, decode_timestamp_type, TimestampType};
 use kafka::config::{consumer_config, producer_config, transactional_producer_config, OffsetCommit};
-use kafka::consumer::{self, Backoff, Handler, KafkaConsumer, LoopOptions};
+use kafka::consumer::{self, Backoff, Handler, KafkaConsumer, LoopOptions, Verdict};
 use kafka::dead_letter::{DeadLetterPublisher, Failure};
 use kafka::producer::{OutgoingRecord, Producer};
 use kafka::transactional::TransactionalProducer;
@@ -212,13 +212,13 @@ struct Unavailable;
 impl Handler for FailAt {
     type Error = Unavailable;
 
-    async fn handle(&mut self, batch: &[OwnedMessage]) -> Result<(), Unavailable> {
+    async fn handle(&mut self, batch: &[OwnedMessage], _retrying: bool) -> Result<Vec<Verdict>, Unavailable> {
         if batch.iter().any(|record| Some(record.offset()) == self.poison_offset) {
             *self.attempts_at_poison.lock().expect("lock") += 1;
             return Err(Unavailable);
         }
         self.handled.lock().expect("lock").extend(batch.iter().map(Message::offset));
-        Ok(())
+        Ok(Verdict::all_done(batch))
     }
 }
 

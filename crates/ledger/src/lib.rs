@@ -237,13 +237,13 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
             settled: kafka.topic(topics::SETTLED),
             rejected: kafka.topic(topics::REJECTED),
         },
-        DeadLetterPublisher::new(producer, group),
-        retry,
     );
     let loop_options = LoopOptions {
         // the article settles one transfer per database transaction
         batch_records_max: if profile == Profile::Reference { 1 } else { args.ledger_batch_records as usize },
         batch_wait_max: Duration::from_millis(args.ledger_batch_wait_ms),
+        record_retry: retry,
+        dead_letters: Some(DeadLetterPublisher::new(producer, group)),
         offsets: OffsetCommit::StoredAfterHandling,
         ..LoopOptions::default()
     };

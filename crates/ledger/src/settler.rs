@@ -7,9 +7,11 @@
 //! - a record that is not a valid `TransferenciaAnalisada` goes to `<topic>-dlt` at once;
 //! - a transient failure of the batch (serialization failure, deadlock, lock timeout, a
 //!   concurrent decision) makes the handler settle the batch again one record per transaction,
-//!   in order; each record is retried with blocking exponential backoff (500 ms × 2 up to 15 s,
-//!   5 retries, as the article), then dead-lettered, and the next record goes on. Records are
-//!   handled in order, so retries never reorder an account's transfers;
+//!   in order, up to the first record that fails: its verdict is `Retry`, and the consumer
+//!   runtime retries it in place with blocking exponential backoff (500 ms × 2 up to 15 s, 5
+//!   retries, as the article; polling Kafka and watching shutdown meanwhile), then
+//!   dead-letters it, and the next record goes on. Records are handled in order, so retries
+//!   never reorder an account's transfers;
 //! - a permanent failure of one record (e.g. a balance overflow) dead-letters it at once;
 //! - the database lacking an object of its schema (a dropped or renamed table, an old backup
 //!   restored: `StoreError::is_schema_missing`) is fatal: the loop stops without committing
@@ -18,12 +20,13 @@
 //!   loop waits and retries the whole batch (already settled records are no-ops), readiness
 //!   reports the database down, and nothing is dead-lettered.
 //!
-//! Dead letters are published after the database work they follow has committed.
+//! Dead letters (`DeadLetter` verdicts) are published by the runtime, after the database work
+//! they follow has committed.
 
 use std::time::{Duration, Instant};
 
-use kafka::consumer::{Backoff, Handler};
-use kafka::dead_letter::{DeadLetterPublisher, Failure};
+use kafka::consumer::{Handler, Verdict};
+use kafka::dead_letter::Failure;
 use kafka::rdkafka::message::{Message, OwnedMessage};
 use sqlx::PgPool;
 
@@ -51,81 +54,53 @@ pub enum MalformedEvent {
     SameAccount(String),
 }
 
-/// Blocking retries of a record that failed transiently.
-#[derive(Debug, Clone)]
-pub struct RetryPolicy {
-    pub backoff: Backoff,
-    /// Retries after the first attempt before the record is dead-lettered.
-    pub retries: u32,
-}
-
-impl Default for RetryPolicy {
-    /// The reference article's error handler: 500 ms, doubling, at most 15 s, 5 retries.
-    fn default() -> Self {
-        Self { backoff: Backoff::default(), retries: 5 }
-    }
-}
+/// Blocking retries of a record that failed transiently: the consumer runtime's.
+pub use kafka::consumer::RetryPolicy;
 
 /// The ledger's batch handler.
 #[derive(Debug)]
 pub struct Settler {
     pool: PgPool,
     topics: OutcomeTopics,
-    dead_letters: DeadLetterPublisher,
-    retry: RetryPolicy,
 }
 
-/// A record the batch could not settle, and why.
-type Failed<'a> = (&'a OwnedMessage, Failure);
-
 impl Settler {
-    pub fn new(
-        pool: PgPool,
-        topics: OutcomeTopics,
-        dead_letters: DeadLetterPublisher,
-        retry: RetryPolicy,
-    ) -> Self {
-        Self { pool, topics, dead_letters, retry }
+    pub fn new(pool: PgPool, topics: OutcomeTopics) -> Self {
+        Self { pool, topics }
     }
 
-    /// Settles `requests` one record per transaction, retrying transient failures; returns the
-    /// records to dead-letter. Errs only when the database is unreachable.
-    async fn settle_one_by_one<'a>(
+    /// Settles `requests` (each with its index in the batch) one record per transaction, in
+    /// order, once each; sets their verdicts and stops at the first transient failure (the
+    /// runtime retries that record after its backoff, then hands the rest again). Errs when
+    /// the database is unreachable or lacks its schema.
+    async fn settle_one_by_one(
         &self,
-        requests: &[(&'a OwnedMessage, Request)],
-    ) -> Result<Vec<Failed<'a>>, StoreError> {
-        let mut failed = Vec::new();
-        for (record, request) in requests {
-            let mut attempt = 0;
-            loop {
-                match self.settle(std::slice::from_ref(request)).await {
-                    Ok(()) => break,
-                    Err(error) if error.is_schema_missing() => return Err(error),
-                    Err(error) => match error.kind() {
-                        FailureKind::Infrastructure => return Err(error),
-                        FailureKind::Permanent => {
-                            failed.push((*record, Failure::new(UNPROCESSABLE, cause_name(&error), &error)));
-                            break;
-                        }
-                        FailureKind::Transient if attempt >= self.retry.retries => {
-                            tracing::warn!(transfer_id = %request.transfer.transfer_id, attempts = attempt + 1, error = %telemetry::error_chain(&error), "retries exhausted");
-                            failed
-                                .push((*record, Failure::new(RETRIES_EXHAUSTED, cause_name(&error), &error)));
-                            break;
-                        }
-                        FailureKind::Transient => {
-                            attempt += 1;
-                            let delay = self.retry.backoff.delay(attempt);
-                            metrics::counter!("retries_total", "topic" => record.topic().to_owned())
-                                .increment(1);
-                            tracing::info!(transfer_id = %request.transfer.transfer_id, attempt, retry_in_ms = delay.as_millis() as u64, error = %telemetry::error_chain(&error), "transient failure; retrying the record");
-                            tokio::time::sleep(delay).await;
-                        }
-                    },
-                }
+        requests: &[(usize, Request)],
+        verdicts: &mut [Option<Verdict>],
+    ) -> Result<(), StoreError> {
+        for (index, request) in requests {
+            match self.settle(std::slice::from_ref(request)).await {
+                Ok(()) => verdicts[*index] = Some(Verdict::Done),
+                Err(error) if error.is_schema_missing() => return Err(error),
+                Err(error) => match error.kind() {
+                    FailureKind::Infrastructure => return Err(error),
+                    FailureKind::Permanent => {
+                        verdicts[*index] = Some(Verdict::DeadLetter(Failure::new(
+                            UNPROCESSABLE,
+                            cause_name(&error),
+                            &error,
+                        )));
+                    }
+                    FailureKind::Transient => {
+                        tracing::info!(transfer_id = %request.transfer.transfer_id, error = %telemetry::error_chain(&error), "transient failure of the record");
+                        verdicts[*index] =
+                            Some(Verdict::Retry(Failure::new(RETRIES_EXHAUSTED, cause_name(&error), &error)));
+                        return Ok(());
+                    }
+                },
             }
         }
-        Ok(failed)
+        Ok(())
     }
 
     /// One settlement transaction, with its metrics.
@@ -188,48 +163,63 @@ pub fn decode(record: &OwnedMessage) -> Result<Request, MalformedEvent> {
     })
 }
 
-/// Why a batch must be retried as a whole.
+/// Why a batch must be retried as a whole (or, for a missing schema object, why the settler
+/// stops).
 #[derive(Debug, thiserror::Error)]
 pub enum SettleError {
     #[error("ledger database error")]
     Database(#[from] StoreError),
-    #[error("dead letter not published")]
-    DeadLetter(#[from] kafka::Error),
 }
 
 impl Handler for Settler {
     type Error = SettleError;
 
-    async fn handle(&mut self, batch: &[OwnedMessage]) -> Result<(), SettleError> {
+    /// A first attempt settles the whole batch in one transaction; if that fails transiently
+    /// (or this is a retry) the records are settled one per transaction, in order, up to the
+    /// first that fails transiently: the runtime retries it after its backoff
+    /// ([`RetryPolicy`]) and dead-letters it when the retries run out. Malformed records and
+    /// permanent failures are dead letters at once.
+    async fn handle(&mut self, batch: &[OwnedMessage], retrying: bool) -> Result<Vec<Verdict>, SettleError> {
+        let mut verdicts: Vec<Option<Verdict>> = vec![None; batch.len()];
         let mut requests = Vec::with_capacity(batch.len());
-        let mut failed: Vec<Failed<'_>> = Vec::new();
-        for record in batch {
+        for (index, record) in batch.iter().enumerate() {
             match decode(record) {
-                Ok(request) => requests.push((record, request)),
+                Ok(request) => requests.push((index, request)),
                 Err(error) => {
-                    failed.push((record, Failure::new(MALFORMED_EVENT, "serde_json::Error", &error)))
+                    verdicts[index] =
+                        Some(Verdict::DeadLetter(Failure::new(MALFORMED_EVENT, "serde_json::Error", &error)))
                 }
             }
         }
         if !requests.is_empty() {
-            let all: Vec<Request> = requests.iter().map(|(_, request)| request.clone()).collect();
-            match self.settle(&all).await {
-                Ok(()) => {}
-                Err(error) if error.kind() == FailureKind::Infrastructure || error.is_schema_missing() => {
-                    return Err(error.into())
+            let settled_together = if retrying {
+                false
+            } else {
+                let all: Vec<Request> = requests.iter().map(|(_, request)| request.clone()).collect();
+                match self.settle(&all).await {
+                    Ok(()) => true,
+                    Err(error)
+                        if error.kind() == FailureKind::Infrastructure || error.is_schema_missing() =>
+                    {
+                        return Err(error.into())
+                    }
+                    Err(error) => {
+                        tracing::info!(records = all.len(), error = %telemetry::error_chain(&error), "batch failed; settling its records one by one");
+                        false
+                    }
                 }
-                Err(error) => {
-                    tracing::info!(records = all.len(), error = %telemetry::error_chain(&error), "batch failed; settling its records one by one");
-                    failed.extend(self.settle_one_by_one(&requests).await?);
+            };
+            if settled_together {
+                for (index, _) in &requests {
+                    verdicts[*index] = Some(Verdict::Done);
                 }
+            } else {
+                self.settle_one_by_one(&requests, &mut verdicts).await?;
             }
         }
-        // in batch order, after the database work they follow has committed
-        failed.sort_by_key(|(record, _)| (record.partition(), record.offset()));
-        for (record, failure) in &failed {
-            self.dead_letters.publish(record, failure).await?;
-        }
-        Ok(())
+        // up to the first record left without a verdict (after a retry): the runtime hands the
+        // rest again once the retried record is through
+        Ok(verdicts.into_iter().map_while(|verdict| verdict).collect())
     }
 
     /// The ledger database lacks a table, column or function it migrated: stop, loudly.
@@ -238,7 +228,7 @@ impl Handler for Settler {
     }
 }
 
-/// How long the handler's blocking retries of one record may take at most, for logs and docs.
+/// How long the runtime's blocking retries of one record may take at most, for logs and docs.
 pub fn worst_case_retry_time(policy: &RetryPolicy) -> Duration {
-    (1..=policy.retries).map(|attempt| policy.backoff.delay(attempt)).sum()
+    policy.worst_case()
 }

@@ -9,7 +9,7 @@
 use kafka::rdkafka::message::{Message, OwnedMessage};
 
 use contracts::{MalformedEvent, OutcomeEvent};
-use kafka::consumer::Handler;
+use kafka::consumer::{Handler, Verdict};
 use kafka::dead_letter::{DeadLetterPublisher, Failure};
 use sqlx::PgPool;
 
@@ -60,7 +60,11 @@ impl Projection {
 impl Handler for Projection {
     type Error = ProjectionError;
 
-    async fn handle(&mut self, batch: &[OwnedMessage]) -> Result<(), ProjectionError> {
+    async fn handle(
+        &mut self,
+        batch: &[OwnedMessage],
+        _retrying: bool,
+    ) -> Result<Vec<Verdict>, ProjectionError> {
         let mut outcomes = Vec::with_capacity(batch.len());
         let mut poison = Vec::new();
         for record in batch {
@@ -91,6 +95,6 @@ impl Handler for Projection {
             let failure = Failure::new(MALFORMED_EVENT, "serde_json::Error", &error);
             self.dead_letters.publish(record, &failure).await?;
         }
-        Ok(())
+        Ok(Verdict::all_done(batch))
     }
 }

@@ -295,10 +295,21 @@ pub async fn records_written(args: &kafka::KafkaArgs, topic: &str) -> i64 {
         let timeout = Duration::from_secs(30);
         let partitions = kafka::topics::partitions(consumer.client(), &topic, timeout).expect("metadata");
         assert!(!partitions.is_empty(), "{topic} does not exist");
-        partitions
-            .into_iter()
-            .map(|partition| consumer.fetch_watermarks(&topic, partition, timeout).expect("watermarks").1)
-            .sum()
+        // a busy broker may answer a transient error (e.g. NotLeaderForPartition): ask again
+        let high = |partition: i32| {
+            let deadline = std::time::Instant::now() + timeout;
+            loop {
+                match consumer.fetch_watermarks(&topic, partition, timeout) {
+                    Ok((_, high)) => return high,
+                    Err(error) if std::time::Instant::now() < deadline => {
+                        eprintln!("watermarks of {topic}/{partition}: {error}; asking again");
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                    Err(error) => panic!("watermarks of {topic}/{partition}: {error}"),
+                }
+            }
+        };
+        partitions.into_iter().map(high).sum()
     })
     .await
     .expect("watermark task")

@@ -60,11 +60,8 @@ async fn main() -> Result<()> {
         bail!("no scenario given");
     }
     let eval = Eval { bootstrap };
-    let list: Vec<String> = if args == ["all"] {
-        ["a", "b", "e", "d1", "d2", "c"].map(String::from).to_vec()
-    } else {
-        args
-    };
+    let list: Vec<String> =
+        if args == ["all"] { ["a", "b", "e", "d1", "d2", "c"].map(String::from).to_vec() } else { args };
     let mut failed = Vec::new();
     for scenario in &list {
         println!("=== scenario {scenario}");
@@ -98,7 +95,12 @@ struct EndCheck {
 impl std::fmt::Display for EndCheck {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.drained {
-            Some(d) => write!(f, "late_records_before_marker={} spso_reached_marker_after={:.2}s", self.late, d.as_secs_f64()),
+            Some(d) => write!(
+                f,
+                "late_records_before_marker={} spso_reached_marker_after={:.2}s",
+                self.late,
+                d.as_secs_f64()
+            ),
             None => write!(f, "late_records_before_marker={} spso_reached_marker=NO", self.late),
         }
     }
@@ -124,10 +126,8 @@ impl AckStats {
 }
 
 fn unique(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos();
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
     format!("krafka-eval-{prefix}-{}-{}", std::process::id(), nanos % 1_000_000_000)
 }
 
@@ -163,7 +163,12 @@ impl Eval {
     }
 
     /// A one-partition topic and a share group that starts at the earliest offset.
-    async fn topic_and_group(&self, kafka: &Kafka, name: &str, group_configs: &[(&str, &str)]) -> Result<(String, String)> {
+    async fn topic_and_group(
+        &self,
+        kafka: &Kafka,
+        name: &str,
+        group_configs: &[(&str, &str)],
+    ) -> Result<(String, String)> {
         let topic = unique(name);
         let group = format!("{topic}-group");
         let admin = kafka.admin();
@@ -176,7 +181,10 @@ impl Eval {
         let mut ops = vec![ConfigOp::set("share.auto.offset.reset", "earliest")];
         ops.extend(group_configs.iter().map(|(k, v)| ConfigOp::set(*k, *v)));
         let altered = admin
-            .incremental_alter_configs([(ConfigResource::group(group.clone()), ops)], IncrementalAlterConfigsOptions::default())
+            .incremental_alter_configs(
+                [(ConfigResource::group(group.clone()), ops)],
+                IncrementalAlterConfigsOptions::default(),
+            )
             .await?;
         for (resource, result) in altered {
             result.with_context(|| format!("configuring {resource:?}"))?;
@@ -198,7 +206,13 @@ impl Eval {
         Ok(())
     }
 
-    async fn share_consumer(&self, kafka: &Kafka, group: &str, topic: &str, max_poll: i32) -> Result<(ShareConsumer, Arc<AckStats>)> {
+    async fn share_consumer(
+        &self,
+        kafka: &Kafka,
+        group: &str,
+        topic: &str,
+        max_poll: i32,
+    ) -> Result<(ShareConsumer, Arc<AckStats>)> {
         let stats = Arc::new(AckStats::default());
         let seen = Arc::clone(&stats);
         let consumer = kafka
@@ -254,7 +268,13 @@ impl Eval {
     /// (a redelivery of something the scenario settled); then wait until the broker's
     /// share-partition start offset reaches the marker, which says no record before the
     /// marker can be delivered again.
-    async fn marker(&self, kafka: &Kafka, topic: &str, group: &str, consumer: &ShareConsumer) -> Result<EndCheck> {
+    async fn marker(
+        &self,
+        kafka: &Kafka,
+        topic: &str,
+        group: &str,
+        consumer: &ShareConsumer,
+    ) -> Result<EndCheck> {
         self.produce(kafka, topic, "marker", 1).await?;
         let mut others = 0;
         loop {
@@ -268,7 +288,12 @@ impl Eval {
                         } else {
                             others += 1;
                             if others <= 5 {
-                                println!("  before the marker: {}@{} delivery_count {:?}", value(record), record.offset, record.delivery_count);
+                                println!(
+                                    "  before the marker: {}@{} delivery_count {:?}",
+                                    value(record),
+                                    record.offset,
+                                    record.delivery_count
+                                );
                             }
                         }
                     }
@@ -382,11 +407,15 @@ impl Eval {
     // ---------------------------------------------------------------------------------------
     // (b) and (e): per-record scripts of ACCEPT / RELEASE / REJECT
 
-    async fn scripted(&self, name: &str, limit: &str, scripts: &[(&str, &[char])]) -> Result<BTreeMap<String, Vec<(i16, f64)>>> {
+    async fn scripted(
+        &self,
+        name: &str,
+        limit: &str,
+        scripts: &[(&str, &[char])],
+    ) -> Result<BTreeMap<String, Vec<(i16, f64)>>> {
         let kafka = self.connect(&format!("eval-{name}")).await?;
-        let (topic, group) = self
-            .topic_and_group(&kafka, name, &[("share.delivery.count.limit", limit)])
-            .await?;
+        let (topic, group) =
+            self.topic_and_group(&kafka, name, &[("share.delivery.count.limit", limit)]).await?;
         let (consumer, stats) = self.share_consumer(&kafka, &group, &topic, 100).await?;
         self.produce(&kafka, &topic, name, scripts.len()).await?;
         let started = Instant::now();
@@ -437,15 +466,19 @@ impl Eval {
     async fn release_until_limit(&self) -> Result<()> {
         // b-0 is released on every delivery: the limit (4) archives it after the 4th.
         // b-1 is released once and accepted on its second delivery; b-2 accepted at once.
-        let d = self
-            .scripted("b", "4", &[("b-0", &['R']), ("b-1", &['R', 'A']), ("b-2", &['A'])])
-            .await?;
-        let counts = |k: &str| d.get(k).map(|v| v.iter().map(|(c, _)| *c).collect::<Vec<_>>()).unwrap_or_default();
+        let d = self.scripted("b", "4", &[("b-0", &['R']), ("b-1", &['R', 'A']), ("b-2", &['A'])]).await?;
+        let counts =
+            |k: &str| d.get(k).map(|v| v.iter().map(|(c, _)| *c).collect::<Vec<_>>()).unwrap_or_default();
         let gaps: Vec<f64> = d
             .get("b-0")
             .map(|v| v.windows(2).map(|w| ((w[1].1 - w[0].1) * 1000.0).round()).collect())
             .unwrap_or_default();
-        println!("RESULT b summary b-0 counts={:?} b-1 counts={:?} b-2 counts={:?} release->redelivery gaps ms={gaps:?}", counts("b-0"), counts("b-1"), counts("b-2"));
+        println!(
+            "RESULT b summary b-0 counts={:?} b-1 counts={:?} b-2 counts={:?} release->redelivery gaps ms={gaps:?}",
+            counts("b-0"),
+            counts("b-1"),
+            counts("b-2")
+        );
         ensure!(counts("b-0") == vec![1, 2, 3, 4], "b-0 must be delivered 4 times with counts 1..4");
         ensure!(counts("b-1") == vec![1, 2], "b-1 must be delivered twice");
         ensure!(counts("b-2") == vec![1], "b-2 must be delivered once");
@@ -454,9 +487,7 @@ impl Eval {
 
     async fn reject(&self) -> Result<()> {
         // e-0 rejected at once; e-1 released then rejected; e-2 accepted.
-        let d = self
-            .scripted("e", "4", &[("e-0", &['X']), ("e-1", &['R', 'X']), ("e-2", &['A'])])
-            .await?;
+        let d = self.scripted("e", "4", &[("e-0", &['X']), ("e-1", &['R', 'X']), ("e-2", &['A'])]).await?;
         let n = |k: &str| d.get(k).map_or(0, Vec::len);
         println!("RESULT e summary deliveries e-0={} e-1={} e-2={}", n("e-0"), n("e-1"), n("e-2"));
         ensure!(n("e-0") == 1 && n("e-1") == 2 && n("e-2") == 1, "a rejected record was delivered again");
@@ -466,9 +497,28 @@ impl Eval {
     // ---------------------------------------------------------------------------------------
     // (d) a consumer that holds its records: SIGKILLed (d1) or too slow (d2)
 
-    async fn holder(&self, group: &str, topic: &str, expect: usize, hold_secs: u64) -> Result<(tokio::process::Child, tokio::io::Lines<BufReader<tokio::process::ChildStdout>>, usize, Instant)> {
+    async fn holder(
+        &self,
+        group: &str,
+        topic: &str,
+        expect: usize,
+        hold_secs: u64,
+    ) -> Result<(
+        tokio::process::Child,
+        tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+        usize,
+        Instant,
+    )> {
         let mut child = tokio::process::Command::new(std::env::current_exe()?)
-            .args(["--bootstrap", &self.bootstrap, "hold", topic, group, &expect.to_string(), &hold_secs.to_string()])
+            .args([
+                "--bootstrap",
+                &self.bootstrap,
+                "hold",
+                topic,
+                group,
+                &expect.to_string(),
+                &hold_secs.to_string(),
+            ])
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()?;
@@ -488,7 +538,12 @@ impl Eval {
     /// Consume with a fresh member until the broker says everything is settled; returns when
     /// the first and last record arrived (after `since`) and the delivery counts seen.
     /// A second member, joined and assigned the partition before the first one fails.
-    async fn second_member(&self, kafka: &Kafka, group: &str, topic: &str) -> Result<(ShareConsumer, Arc<AckStats>)> {
+    async fn second_member(
+        &self,
+        kafka: &Kafka,
+        group: &str,
+        topic: &str,
+    ) -> Result<(ShareConsumer, Arc<AckStats>)> {
         let (consumer, stats) = self.share_consumer(kafka, group, topic, 500).await?;
         while consumer.assignment().is_empty() {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -496,7 +551,12 @@ impl Eval {
         Ok((consumer, stats))
     }
 
-    async fn take_over(&self, consumer: &ShareConsumer, n: i64, since: Instant) -> Result<(Option<f64>, f64, BTreeMap<i16, u32>, usize)> {
+    async fn take_over(
+        &self,
+        consumer: &ShareConsumer,
+        n: i64,
+        since: Instant,
+    ) -> Result<(Option<f64>, f64, BTreeMap<i16, u32>, usize)> {
         let (mut first, mut last, mut counts, mut total) = (None, 0.0, BTreeMap::new(), 0);
         let mut distinct = std::collections::HashSet::new();
         while (distinct.len() as i64) < n {
@@ -538,7 +598,10 @@ impl Eval {
             first.map(|f| (f * 100.0).round() / 100.0),
             stats.summary()
         );
-        ensure!(end.late == 0 && end.drained.is_some(), "records redelivered after a consumer SIGKILL was recovered");
+        ensure!(
+            end.late == 0 && end.drained.is_some(),
+            "records redelivered after a consumer SIGKILL was recovered"
+        );
         Ok(())
     }
 
@@ -546,9 +609,8 @@ impl Eval {
         let m = 50;
         let lock_ms = std::env::var("EVAL_D2_LOCK_MS").unwrap_or("6000".into());
         let kafka = self.connect("eval-d2").await?;
-        let (topic, group) = self
-            .topic_and_group(&kafka, "d2", &[("share.record.lock.duration.ms", &lock_ms)])
-            .await?;
+        let (topic, group) =
+            self.topic_and_group(&kafka, "d2", &[("share.record.lock.duration.ms", &lock_ms)]).await?;
         // the holder keeps heartbeating but settles only after 20 s, past the lock
         let (mut child, mut lines, acquired, acquired_at) = self.holder(&group, &topic, m, 20).await?;
         let (consumer, stats) = self.second_member(&kafka, &group, &topic).await?;
@@ -567,7 +629,10 @@ impl Eval {
             first.map(|f| (f * 100.0).round() / 100.0),
             stats.summary()
         );
-        ensure!(end.late == 0 && end.drained.is_some(), "records redelivered after a lock expiry was recovered");
+        ensure!(
+            end.late == 0 && end.drained.is_some(),
+            "records redelivered after a lock expiry was recovered"
+        );
         Ok(())
     }
 
@@ -588,7 +653,8 @@ impl Eval {
         let loader = tokio::spawn(txn::load(self.connect("eval-txn-loader").await?, input.clone()));
         let expect = {
             let rate: usize = std::env::var("EVAL_TXN_RATE").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
-            let seconds: usize = std::env::var("EVAL_TXN_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
+            let seconds: usize =
+                std::env::var("EVAL_TXN_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
             rate * seconds
         };
         let outcome = match client {
@@ -596,7 +662,10 @@ impl Eval {
             #[cfg(feature = "rdkafka")]
             "rdkafka" => {
                 let bootstrap = self.bootstrap.clone();
-                tokio::task::spawn_blocking(move || txn::rdkafka_processor(bootstrap, input, output, group, expect)).await??
+                tokio::task::spawn_blocking(move || {
+                    txn::rdkafka_processor(bootstrap, input, output, group, expect)
+                })
+                .await??
             }
             other => bail!("txn-{other}: not built in (cargo build --release --features rdkafka)"),
         };
@@ -631,7 +700,8 @@ impl Eval {
             let (consumer, ack_stats) = self.share_consumer(&kafka, &group, &topic, 50).await?;
             stats.push(ack_stats);
             consumers.push((kafka, consumer.clone()));
-            let (stop, seen, timeline, errors) = (Arc::clone(&stop), Arc::clone(&seen), Arc::clone(&timeline), Arc::clone(&errors));
+            let (stop, seen, timeline, errors) =
+                (Arc::clone(&stop), Arc::clone(&seen), Arc::clone(&timeline), Arc::clone(&errors));
             tasks.push(tokio::spawn(async move {
                 let mut count = 0u64;
                 while !stop.load(Ordering::Relaxed) {
@@ -640,7 +710,10 @@ impl Eval {
                             for record in &records {
                                 tokio::time::sleep(per_record).await; // the "work"
                                 *seen.lock().await.entry(value(record)).or_default() += 1;
-                                timeline.lock().await.push((started.elapsed().as_secs_f64(), record.delivery_count.unwrap_or(-1)));
+                                timeline.lock().await.push((
+                                    started.elapsed().as_secs_f64(),
+                                    record.delivery_count.unwrap_or(-1),
+                                ));
                                 count += 1;
                                 consumer.ack(record).expect("ack");
                             }
@@ -709,7 +782,10 @@ impl Eval {
             stats[0].summary(),
             stats[1].summary()
         );
-        ensure!(seen.len() == n && end.late == 0 && end.drained.is_some(), "records lost or late over a broker restart");
+        ensure!(
+            seen.len() == n && end.late == 0 && end.drained.is_some(),
+            "records lost or late over a broker restart"
+        );
         Ok(())
     }
 }
@@ -750,7 +826,14 @@ async fn hold(bootstrap: &str, args: &[String]) -> Result<()> {
     let results = consumer.commit().await?;
     let outcome: Vec<String> = results
         .iter()
-        .map(|(tp, r)| format!("{}-{}: {}", tp.topic.len(), tp.partition, r.as_ref().map_or_else(|e| e.to_string(), |_| "ok".into())))
+        .map(|(tp, r)| {
+            format!(
+                "{}-{}: {}",
+                tp.topic.len(),
+                tp.partition,
+                r.as_ref().map_or_else(|e| e.to_string(), |_| "ok".into())
+            )
+        })
         .collect();
     println!("LATE ACK {outcome:?}");
     consumer.close().await?;

@@ -2,7 +2,8 @@
 //! antifraude hop's shape. A loader produces to an input topic at `EVAL_TXN_RATE` records/s
 //! (default 200, open loop) for `EVAL_TXN_SECONDS` (default 20); a processor in a KIP-848
 //! group (`read_committed`, no auto-commit) consumes and, for each poll's records, runs one
-//! transaction: begin, one output record per input record, the input offsets, commit. Per
+//! transaction: begin, the input offsets, one output record per input record, commit (the
+//! order and settings of crates/kafka's transactional producer for both clients). Per
 //! transaction it records the begin → commit time; per record the time from its send at the
 //! loader to the commit that made its output visible. Both clients run on the same broker,
 //! topics of their own, the same loader (krafka's producer).
@@ -83,7 +84,13 @@ impl Outcome {
 }
 
 /// krafka's processor.
-pub async fn krafka_processor(kafka: Kafka, input: String, output: String, group: String, expect: usize) -> Result<Outcome> {
+pub async fn krafka_processor(
+    kafka: Kafka,
+    input: String,
+    output: String,
+    group: String,
+    expect: usize,
+) -> Result<Outcome> {
     let consumer = kafka
         .consumer(group.as_str())
         .group_protocol(GroupProtocol::Consumer)
@@ -109,21 +116,29 @@ pub async fn krafka_processor(kafka: Kafka, input: String, output: String, group
     let mut outcome = Outcome { records: 0, txn_ms: Vec::new(), e2e_ms: Vec::new() };
     let deadline = Instant::now() + Duration::from_secs(seconds() + 60);
     while outcome.records < expect {
-        ensure!(Instant::now() < deadline, "krafka processor: {} of {expect} after the deadline", outcome.records);
+        ensure!(
+            Instant::now() < deadline,
+            "krafka processor: {} of {expect} after the deadline",
+            outcome.records
+        );
         let records = consumer.poll(Duration::from_millis(100)).await?;
         if records.is_empty() {
             continue;
         }
         let began = Instant::now();
         producer.begin()?;
-        let mut offsets = Vec::new();
+        // the order crates/antifraud uses: offsets first, then the records
+        let offsets: Vec<TopicPartitionOffset> =
+            records.iter().map(|r| TopicPartitionOffset::new(&*r.topic, r.partition, r.offset + 1)).collect();
+        let metadata =
+            consumer.group_metadata().await.ok_or_else(|| anyhow::anyhow!("not a group member"))?;
+        producer.send_offsets(&offsets, &metadata).await?;
         for record in &records {
             // commit waits for every send of the transaction and refuses if one failed
-            let _handle = producer.enqueue(Record::new(output.as_str(), record.value.clone().unwrap_or_default())).await?;
-            offsets.push(TopicPartitionOffset::new(&*record.topic, record.partition, record.offset + 1));
+            let _handle = producer
+                .enqueue(Record::new(output.as_str(), record.value.clone().unwrap_or_default()))
+                .await?;
         }
-        let metadata = consumer.group_metadata().await.ok_or_else(|| anyhow::anyhow!("not a group member"))?;
-        producer.send_offsets(&offsets, &metadata).await?;
         producer.commit().await?;
         let committed = now_us();
         outcome.txn_ms.push(began.elapsed().as_secs_f64() * 1000.0);
@@ -142,11 +157,17 @@ pub async fn krafka_processor(kafka: Kafka, input: String, output: String, group
 /// consumer (linger 1 ms here as for krafka, `retry.backoff.ms=2`, KIP-848, read_committed),
 /// on a thread of its own: librdkafka's transactional calls block.
 #[cfg(feature = "rdkafka")]
-pub fn rdkafka_processor(bootstrap: String, input: String, output: String, group: String, expect: usize) -> Result<Outcome> {
+pub fn rdkafka_processor(
+    bootstrap: String,
+    input: String,
+    output: String,
+    group: String,
+    expect: usize,
+) -> Result<Outcome> {
     use rdkafka::config::ClientConfig;
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::message::Message;
-    use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer, DefaultProducerContext};
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", &bootstrap)
@@ -174,7 +195,11 @@ pub fn rdkafka_processor(bootstrap: String, input: String, output: String, group
     let mut outcome = Outcome { records: 0, txn_ms: Vec::new(), e2e_ms: Vec::new() };
     let deadline = Instant::now() + Duration::from_secs(seconds() + 60);
     while outcome.records < expect {
-        ensure!(Instant::now() < deadline, "rdkafka processor: {} of {expect} after the deadline", outcome.records);
+        ensure!(
+            Instant::now() < deadline,
+            "rdkafka processor: {} of {expect} after the deadline",
+            outcome.records
+        );
         let mut batch = Vec::new();
         if let Some(message) = consumer.poll(Duration::from_millis(100)) {
             batch.push(message?.detach());
@@ -188,13 +213,22 @@ pub fn rdkafka_processor(bootstrap: String, input: String, output: String, group
         }
         let began = Instant::now();
         producer.begin_transaction()?;
+        // as crates/kafka's transactional producer: offsets first (absorbs the coordinator's
+        // CONCURRENT_TRANSACTIONS in 2 ms steps), then the records, then wait until no
+        // delivery report is outstanding (rdkafka's commit flushes, and its flush polls for a
+        // fixed 100 ms when one is)
+        producer.send_offsets_to_transaction(
+            &consumer.position()?,
+            &consumer.group_metadata().ok_or_else(|| anyhow::anyhow!("no group metadata"))?,
+            timeout,
+        )?;
         for message in &batch {
             let payload = message.payload().unwrap_or_default();
-            producer
-                .send(BaseRecord::<(), [u8]>::to(&output).payload(payload))
-                .map_err(|(e, _)| e)?;
+            producer.send(BaseRecord::<(), [u8]>::to(&output).payload(payload)).map_err(|(e, _)| e)?;
         }
-        producer.send_offsets_to_transaction(&consumer.position()?, &consumer.group_metadata().ok_or_else(|| anyhow::anyhow!("no group metadata"))?, timeout)?;
+        while producer.in_flight_count() > 0 {
+            std::thread::sleep(Duration::from_micros(200));
+        }
         producer.commit_transaction(timeout)?;
         let committed = now_us();
         outcome.txn_ms.push(began.elapsed().as_secs_f64() * 1000.0);

@@ -234,9 +234,9 @@ async fn first_read_write(
     // one server: say why it failed; several: that none takes writes, or the last failure
     match unreachable {
         Some(error) if servers.len() == 1 => Err(error),
-        _ => Err(Error::NoReadWrite {
-            addresses: servers.iter().map(address).collect::<Vec<_>>().join(", "),
-        }),
+        _ => {
+            Err(Error::NoReadWrite { addresses: servers.iter().map(address).collect::<Vec<_>>().join(", ") })
+        }
     }
 }
 
@@ -268,7 +268,8 @@ pub async fn connect(url: &str, settings: &PoolSettings) -> Result<PgPool, Error
             Box::pin(async move {
                 if read_only(connection).await? {
                     return Err(sqlx::Error::Protocol(
-                        "connected to a read-only PostgreSQL server (a standby?); a read-write one is needed".into(),
+                        "connected to a read-only PostgreSQL server (a standby?); a read-write one is needed"
+                            .into(),
                     ));
                 }
                 Ok(())
@@ -278,7 +279,12 @@ pub async fn connect(url: &str, settings: &PoolSettings) -> Result<PgPool, Error
         .await
         .map_err(|source| Error::Connect { address: address(&servers[current]), source })?;
     if servers.len() > 1 {
-        tracing::info!(database = settings.database, server = address(&servers[current]), servers = servers.len(), "database pool on the read-write server of its list");
+        tracing::info!(
+            database = settings.database,
+            server = address(&servers[current]),
+            servers = servers.len(),
+            "database pool on the read-write server of its list"
+        );
         metrics::counter!("database_failovers_total", "database" => settings.database).absolute(0);
         tokio::spawn(follow_failover(pool.clone(), servers, current, settings.database));
     }
@@ -288,7 +294,12 @@ pub async fn connect(url: &str, settings: &PoolSettings) -> Result<PgPool, Error
 /// Probes the pool's server once a second; when it stops answering as a read-write server,
 /// looks for the first one of `servers` that does and points the pool's new connections at it
 /// (connections to the old one fail their test on acquire and are dropped).
-async fn follow_failover(pool: PgPool, servers: Vec<PgConnectOptions>, mut current: usize, database: &'static str) {
+async fn follow_failover(
+    pool: PgPool,
+    servers: Vec<PgConnectOptions>,
+    mut current: usize,
+    database: &'static str,
+) {
     let mut probe: Option<PgConnection> = None;
     let mut searching_since: Option<std::time::Instant> = None;
     loop {
@@ -301,7 +312,11 @@ async fn follow_failover(pool: PgPool, servers: Vec<PgConnectOptions>, mut curre
             if matches!(answer, Ok(Ok(false))) {
                 continue;
             }
-            tracing::warn!(database, server = address(&servers[current]), "database server no longer answers as read-write; looking for the one that does");
+            tracing::warn!(
+                database,
+                server = address(&servers[current]),
+                "database server no longer answers as read-write; looking for the one that does"
+            );
         }
         probe = None;
         match first_read_write(&servers, FAILOVER_PROBE_TIMEOUT).await {
@@ -337,7 +352,8 @@ mod tests {
 
     #[test]
     fn one_host_parses_as_before() {
-        let hosts = Hosts::parse("postgres://ledger:secret@db.internal:6543/ledger?sslmode=disable").expect("url");
+        let hosts =
+            Hosts::parse("postgres://ledger:secret@db.internal:6543/ledger?sslmode=disable").expect("url");
         assert_eq!(hosts.addresses(), "db.internal:6543");
         assert_eq!(hosts.servers[0].get_database(), Some("ledger"));
         assert_eq!(hosts.servers[0].get_username(), "ledger");

@@ -80,17 +80,35 @@ pub struct LedgerArgs {
 
     /// The server cancels a statement of ours running longer, in milliseconds (SQLSTATE 57014:
     /// the batch is retried as with the database away, never dead-lettered); 0 = no limit.
-    #[arg(id = "ledger_database_statement_timeout_ms", value_name = "MS", long = "ledger-database-statement-timeout-ms", env = "LEDGER_DATABASE_STATEMENT_TIMEOUT_MS", default_value_t = 30_000)]
+    #[arg(
+        id = "ledger_database_statement_timeout_ms",
+        value_name = "MS",
+        long = "ledger-database-statement-timeout-ms",
+        env = "LEDGER_DATABASE_STATEMENT_TIMEOUT_MS",
+        default_value_t = 30_000
+    )]
     pub database_statement_timeout_ms: u64,
 
     /// Longest wait for a row lock, in milliseconds (SQLSTATE 55P03: retried, then
     /// dead-lettered); 0 = no limit.
-    #[arg(id = "ledger_database_lock_timeout_ms", value_name = "MS", long = "ledger-database-lock-timeout-ms", env = "LEDGER_DATABASE_LOCK_TIMEOUT_MS", default_value_t = 10_000)]
+    #[arg(
+        id = "ledger_database_lock_timeout_ms",
+        value_name = "MS",
+        long = "ledger-database-lock-timeout-ms",
+        env = "LEDGER_DATABASE_LOCK_TIMEOUT_MS",
+        default_value_t = 10_000
+    )]
     pub database_lock_timeout_ms: u64,
 
     /// The server ends a session of ours idle inside a transaction longer, in milliseconds,
     /// releasing its locks (a hung or partitioned instance); 0 = no limit.
-    #[arg(id = "ledger_database_idle_in_transaction_timeout_ms", value_name = "MS", long = "ledger-database-idle-in-transaction-timeout-ms", env = "LEDGER_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_MS", default_value_t = 180_000)]
+    #[arg(
+        id = "ledger_database_idle_in_transaction_timeout_ms",
+        value_name = "MS",
+        long = "ledger-database-idle-in-transaction-timeout-ms",
+        env = "LEDGER_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_MS",
+        default_value_t = 180_000
+    )]
     pub database_idle_in_transaction_timeout_ms: u64,
 
     /// Longest wait for a pooled connection (connecting included), in milliseconds; past it

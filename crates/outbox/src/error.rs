@@ -68,8 +68,8 @@ mod tests {
         // idle-in-transaction timeout, connection failure, too many connections, disk full,
         // I/O error, internal error
         for code in [
-            "25006", "57P01", "57P02", "57P03", "57014", "42501", "25P03", "08006", "53300", "53100", "58030",
-            "XX000",
+            "25006", "57P01", "57P02", "57P03", "57014", "42501", "25P03", "08006", "53300", "53100",
+            "58030", "XX000",
         ] {
             assert_eq!(classify_sqlstate(code), FailureKind::Infrastructure, "{code}");
         }

@@ -73,7 +73,8 @@ mod tests {
     fn redaction_hides_the_password() {
         let text = redacted("postgres://pagamentos:s3cret@db.internal:6543/ledger");
         assert_eq!(text, "db.internal:6543/ledger");
-        let text = redacted("postgres://ledger:s3cret@db1:5442,db2:5443/ledger?target_session_attrs=read-write");
+        let text =
+            redacted("postgres://ledger:s3cret@db1:5442,db2:5443/ledger?target_session_attrs=read-write");
         assert_eq!(text, "db1:5442,db2:5443/ledger");
     }
 }

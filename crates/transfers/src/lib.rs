@@ -72,16 +72,31 @@ pub struct TransfersArgs {
 
     /// The server cancels a statement of ours running longer, in milliseconds (SQLSTATE 57014:
     /// the request answers 503, a consumer retries as with the database away); 0 = no limit.
-    #[arg(long = "transferencias-database-statement-timeout-ms", value_name = "MS", env = "TRANSFERENCIAS_DATABASE_STATEMENT_TIMEOUT_MS", default_value_t = 30_000)]
+    #[arg(
+        long = "transferencias-database-statement-timeout-ms",
+        value_name = "MS",
+        env = "TRANSFERENCIAS_DATABASE_STATEMENT_TIMEOUT_MS",
+        default_value_t = 30_000
+    )]
     pub database_statement_timeout_ms: u64,
 
     /// Longest wait for a row lock, in milliseconds; 0 = no limit.
-    #[arg(long = "transferencias-database-lock-timeout-ms", value_name = "MS", env = "TRANSFERENCIAS_DATABASE_LOCK_TIMEOUT_MS", default_value_t = 10_000)]
+    #[arg(
+        long = "transferencias-database-lock-timeout-ms",
+        value_name = "MS",
+        env = "TRANSFERENCIAS_DATABASE_LOCK_TIMEOUT_MS",
+        default_value_t = 10_000
+    )]
     pub database_lock_timeout_ms: u64,
 
     /// The server ends a session of ours idle inside a transaction longer, in milliseconds,
     /// releasing its locks (a hung or partitioned instance); 0 = no limit.
-    #[arg(long = "transferencias-database-idle-in-transaction-timeout-ms", value_name = "MS", env = "TRANSFERENCIAS_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_MS", default_value_t = 180_000)]
+    #[arg(
+        long = "transferencias-database-idle-in-transaction-timeout-ms",
+        value_name = "MS",
+        env = "TRANSFERENCIAS_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_MS",
+        default_value_t = 180_000
+    )]
     pub database_idle_in_transaction_timeout_ms: u64,
 
     /// Longest wait for a pooled connection (connecting included), in milliseconds.

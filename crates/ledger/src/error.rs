@@ -5,12 +5,8 @@
 pub enum Error {
     #[error(transparent)]
     Auth(#[from] web::AuthConfigError),
-    #[error("PostgreSQL at {address} unreachable")]
-    Connect {
-        address: String,
-        #[source]
-        source: sqlx::Error,
-    },
+    #[error(transparent)]
+    Connect(#[from] database::Error),
     #[error("ledger database migration failed")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error(transparent)]

@@ -30,7 +30,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::postgres::PgPoolOptions;
 use telemetry::supervisor::Supervisor;
 
 use contracts::topics;
@@ -78,6 +77,44 @@ pub struct LedgerArgs {
     #[arg(id = "ledger_database_connections", value_name = "DATABASE_CONNECTIONS", long = "ledger-database-connections", env = "LEDGER_DATABASE_CONNECTIONS", default_value_t = 16, value_parser = clap::value_parser!(u32).range(2..=200))]
     pub database_connections: u32,
 
+    /// The server cancels a statement of ours running longer, in milliseconds (SQLSTATE 57014:
+    /// the batch is retried as with the database away, never dead-lettered); 0 = no limit.
+    #[arg(
+        id = "ledger_database_statement_timeout_ms",
+        value_name = "MS",
+        long = "ledger-database-statement-timeout-ms",
+        env = "LEDGER_DATABASE_STATEMENT_TIMEOUT_MS",
+        default_value_t = 30_000
+    )]
+    pub database_statement_timeout_ms: u64,
+
+    /// Longest wait for a row lock, in milliseconds (SQLSTATE 55P03: retried, then
+    /// dead-lettered); 0 = no limit.
+    #[arg(
+        id = "ledger_database_lock_timeout_ms",
+        value_name = "MS",
+        long = "ledger-database-lock-timeout-ms",
+        env = "LEDGER_DATABASE_LOCK_TIMEOUT_MS",
+        default_value_t = 10_000
+    )]
+    pub database_lock_timeout_ms: u64,
+
+    /// The server ends a session of ours idle inside a transaction longer, in milliseconds,
+    /// releasing its locks (a hung or partitioned instance); 0 = no limit.
+    #[arg(
+        id = "ledger_database_idle_in_transaction_timeout_ms",
+        value_name = "MS",
+        long = "ledger-database-idle-in-transaction-timeout-ms",
+        env = "LEDGER_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_MS",
+        default_value_t = 180_000
+    )]
+    pub database_idle_in_transaction_timeout_ms: u64,
+
+    /// Longest wait for a pooled connection (connecting included), in milliseconds; past it
+    /// the work is retried as with the database away.
+    #[arg(id = "ledger_database_acquire_timeout_ms", value_name = "MS", long = "ledger-database-acquire-timeout-ms", env = "LEDGER_DATABASE_ACQUIRE_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..))]
+    pub database_acquire_timeout_ms: u64,
+
     /// Most transfers settled in one database transaction (`fast` profile; `reference`
     /// settles one per transaction).
     #[arg(id = "ledger_ledger_batch_records", value_name = "LEDGER_BATCH_RECORDS", long = "ledger-batch-records", env = "LEDGER_BATCH_RECORDS", default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=10_000))]
@@ -113,6 +150,10 @@ impl std::fmt::Debug for LedgerArgs {
             .field("listen", &self.listen)
             .field("database_url", &telemetry::redact_url(&self.database_url))
             .field("database_connections", &self.database_connections)
+            .field("database_statement_timeout_ms", &self.database_statement_timeout_ms)
+            .field("database_lock_timeout_ms", &self.database_lock_timeout_ms)
+            .field("database_idle_in_transaction_timeout_ms", &self.database_idle_in_transaction_timeout_ms)
+            .field("database_acquire_timeout_ms", &self.database_acquire_timeout_ms)
             .field("ledger_batch_records", &self.ledger_batch_records)
             .field("ledger_batch_wait_ms", &self.ledger_batch_wait_ms)
             .field("ledger_retry_initial_ms", &self.ledger_retry_initial_ms)
@@ -124,6 +165,22 @@ impl std::fmt::Debug for LedgerArgs {
 }
 
 impl LedgerArgs {
+    /// How the ledger's pool is built from these options.
+    pub fn pool_settings(&self) -> database::PoolSettings {
+        database::PoolSettings {
+            database: "ledger",
+            max_connections: self.database_connections,
+            acquire_timeout: Duration::from_millis(self.database_acquire_timeout_ms),
+            session: database::Session {
+                statement_timeout: Duration::from_millis(self.database_statement_timeout_ms),
+                lock_timeout: Duration::from_millis(self.database_lock_timeout_ms),
+                idle_in_transaction_session_timeout: Duration::from_millis(
+                    self.database_idle_in_transaction_timeout_ms,
+                ),
+            },
+        }
+    }
+
     /// The blocking retry policy these options describe.
     pub fn retry_policy(&self) -> settler::RetryPolicy {
         settler::RetryPolicy {
@@ -158,17 +215,7 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
     let Settings { args, auth, kafka, topics: topic_args, profile } = settings;
     // before anything else: a service that would let anyone create money does not start
     let tokens = auth.resolve("ledger")?;
-    let options: sqlx::postgres::PgConnectOptions = args
-        .database_url
-        .parse()
-        .map_err(|source| Error::Connect { address: "(unparsable URL)".into(), source })?;
-    let address = format!("{}:{}", options.get_host(), options.get_port());
-    let pool = PgPoolOptions::new()
-        .max_connections(args.database_connections)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect_with(options)
-        .await
-        .map_err(|source| Error::Connect { address, source })?;
+    let pool = database::connect(&args.database_url, &args.pool_settings()).await?;
     MIGRATOR.run(&pool).await?;
 
     kafka::topics::ensure_at_start(&kafka, &topic_args).await?;

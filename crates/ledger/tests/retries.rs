@@ -239,3 +239,57 @@ async fn a_postgres_restart_mid_stream_loses_nothing_and_dead_letters_nothing() 
     ledger.assert_books_balance().await;
     ledger.stop().await;
 }
+
+#[tokio::test]
+async fn a_statement_cancelled_by_the_statement_timeout_is_retried_never_dead_lettered() {
+    // no retries at all: were a statement timeout the record's fault, it would be a dead letter
+    let ledger = common::spawn_ledger_with(1, |args| {
+        args.ledger_retries = 0;
+        args.database_statement_timeout_ms = 300;
+        args.database_lock_timeout_ms = 0;
+    })
+    .await;
+    ledger.create_account("CC-A", "BRL", 1_000).await;
+    ledger.create_account("CC-B", "BRL", 0).await;
+    // a transaction of ours holds CC-A: the settler waits for its lock until the server
+    // cancels the statement (SQLSTATE 57014), again and again, as with a hung database
+    let mut blocker = PgConnection::connect(&ledger.database.url).await.expect("connect");
+    blocker.execute("BEGIN").await.expect("begin");
+    blocker.execute("SELECT 1 FROM conta WHERE id = 'CC-A' FOR UPDATE").await.expect("lock CC-A");
+    let stuck = Uuid::new_v4();
+    ledger.publish_transfer(stuck, "CC-A", "CC-B", 300, "BRL").await;
+    testkit::eventually("the settler waiting for CC-A's lock", Duration::from_secs(30), || async {
+        let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE NOT granted")
+            .fetch_one(ledger.pool())
+            .await
+            .ok()?;
+        (waiting > 0).then_some(())
+    })
+    .await;
+    // the lock is held for several statement timeouts: each attempt is cancelled
+    let cancelled_before: i64 = sqlx::query_scalar(
+        "SELECT coalesce(sum(xact_rollback), 0)::bigint FROM pg_stat_database WHERE datname = current_database()",
+    )
+    .fetch_one(ledger.pool())
+    .await
+    .expect("rollbacks");
+    testkit::eventually("several cancelled attempts", Duration::from_secs(30), || async {
+        let now: i64 = sqlx::query_scalar(
+            "SELECT coalesce(sum(xact_rollback), 0)::bigint FROM pg_stat_database WHERE datname = current_database()",
+        )
+        .fetch_one(ledger.pool())
+        .await
+        .ok()?;
+        (now >= cancelled_before + 2).then_some(())
+    })
+    .await;
+    blocker.execute("COMMIT").await.expect("release CC-A");
+
+    // settled once the lock is free; a dead-lettered record would never be decided
+    assert_eq!(ledger.decided(stuck).await, ("LIQUIDADA".into(), None));
+    assert_eq!(entry_counts(ledger.pool(), stuck).await, (1, 1));
+    let dlt = format!("dlt_mensagens_total{{topic=\"{}-dlt\"}} 0", ledger.topics.topic(topics::ANALYSED));
+    let metrics = ledger.metrics().await;
+    assert!(metrics.lines().any(|line| line == dlt), "{dlt} in {metrics}");
+    ledger.stop().await;
+}

@@ -24,12 +24,14 @@ pub enum FailureKind {
 /// Classifies a database error by SQLSTATE. Only the record's own data can make it
 /// permanent: data exceptions (`22`) and integrity violations (`23`). The database being unable
 /// to serve now is infrastructure, whatever the record: connection classes (`08`), shutdown
-/// (`57P01`–`57P03`), resources (`53`), system errors (`58`, `XX`), a read-only server (`25006`,
-/// a standby during a failover), a session ended by `idle_in_transaction_session_timeout`
-/// (`25P03`), a role without a privilege it needs (`42501`, a misconfiguration), and every
-/// error without a SQLSTATE (I/O, pool timeouts, protocol). Anything else (serialization
-/// failures, deadlocks, lock and statement timeouts, and codes nobody foresaw) is transient:
-/// retried with backoff, and dead-lettered only after the retries.
+/// (`57P01`–`57P03`), a statement cancelled (`57014`: `statement_timeout`, i.e. a server too
+/// slow or frozen to answer in time, or an operator's `pg_cancel_backend`), resources (`53`),
+/// system errors (`58`, `XX`), a read-only server (`25006`, a standby during a failover), a
+/// session ended by `idle_in_transaction_session_timeout` (`25P03`), a role without a privilege
+/// it needs (`42501`, a misconfiguration), and every error without a SQLSTATE (I/O, pool
+/// timeouts, protocol, a read-only server refused on connect). Anything else (serialization
+/// failures, deadlocks, lock timeouts, and codes nobody foresaw) is transient: retried with
+/// backoff, and dead-lettered only after the retries.
 pub fn classify(error: &sqlx::Error) -> FailureKind {
     let sqlx::Error::Database(database) = error else { return FailureKind::Infrastructure };
     let Some(code) = database.code() else { return FailureKind::Infrastructure };
@@ -41,7 +43,7 @@ pub fn classify_sqlstate(code: &str) -> FailureKind {
     let class = code.get(..2).unwrap_or(code);
     match code {
         _ if class == "22" || class == "23" => FailureKind::Permanent,
-        "57P01" | "57P02" | "57P03" | "25006" | "25P03" | "42501" => FailureKind::Infrastructure,
+        "57P01" | "57P02" | "57P03" | "57014" | "25006" | "25P03" | "42501" => FailureKind::Infrastructure,
         _ if matches!(class, "08" | "53" | "58" | "XX") => FailureKind::Infrastructure,
         _ => FailureKind::Transient,
     }
@@ -62,10 +64,12 @@ mod tests {
     #[test]
     fn a_database_that_cannot_serve_now_is_infrastructure_never_a_dead_letter() {
         // read-only during a failover, admin shutdown, crash shutdown, cannot connect now,
-        // permission denied, idle-in-transaction timeout, connection failure, too many
-        // connections, disk full, I/O error, internal error
+        // statement timeout (a hung or overloaded server), permission denied,
+        // idle-in-transaction timeout, connection failure, too many connections, disk full,
+        // I/O error, internal error
         for code in [
-            "25006", "57P01", "57P02", "57P03", "42501", "25P03", "08006", "53300", "53100", "58030", "XX000",
+            "25006", "57P01", "57P02", "57P03", "57014", "42501", "25P03", "08006", "53300", "53100",
+            "58030", "XX000",
         ] {
             assert_eq!(classify_sqlstate(code), FailureKind::Infrastructure, "{code}");
         }
@@ -76,9 +80,9 @@ mod tests {
 
     #[test]
     fn passing_conditions_and_unforeseen_codes_are_retried() {
-        // serialization failure, deadlock, lock not available, statement timeout, a trigger's
+        // serialization failure, deadlock, lock not available (lock_timeout), a trigger's
         // RAISE, an undefined table (a migration not applied yet)
-        for code in ["40001", "40P01", "55P03", "57014", "P0001", "42P01"] {
+        for code in ["40001", "40P01", "55P03", "P0001", "42P01"] {
             assert_eq!(classify_sqlstate(code), FailureKind::Transient, "{code}");
         }
     }

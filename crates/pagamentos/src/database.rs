@@ -3,9 +3,7 @@
 
 use std::time::Duration;
 
-use anyhow::Context as _;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, PgPool};
+use sqlx::PgPool;
 
 /// How long connecting may take before the database counts as unreachable.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
@@ -42,38 +40,29 @@ impl std::fmt::Debug for DatabaseArgs {
     }
 }
 
-/// `url` without its password, for messages.
+/// `url` without its password, for messages (every host of a failover list).
 pub fn redacted(url: &str) -> String {
-    match url.parse::<PgConnectOptions>() {
-        Ok(options) => format!(
-            "{}:{}/{}",
-            options.get_host(),
-            options.get_port(),
-            options.get_database().unwrap_or_default()
-        ),
-        Err(_) => "(unparsable database URL)".into(),
-    }
+    let Ok(hosts) = ::database::Hosts::parse(url) else { return "(unparsable database URL)".into() };
+    let database = url
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split_once('/'))
+        .map(|(_, path)| path.split('?').next().unwrap_or_default())
+        .unwrap_or_default();
+    format!("{}/{database}", hosts.addresses().replace(", ", ","))
 }
 
-/// A small pool on `url`, failing within [`CONNECT_TIMEOUT`] with the address and the cause.
+/// A small pool on `url` (one host or a failover list), failing within [`CONNECT_TIMEOUT`]
+/// with the address and the cause. The operator commands scan whole tables (`verify`) or
+/// build indexes (`migrate`), so they run without a statement timeout; the lock and
+/// idle-in-transaction limits and the keepalives are the services'.
 pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
-    let options: PgConnectOptions =
-        url.parse().with_context(|| format!("invalid database URL for {}", redacted(url)))?;
-    // one plain connection first: a pool would hide "connection refused" behind its own timeout
-    let probe = tokio::time::timeout(CONNECT_TIMEOUT, options.connect())
-        .await
-        .map_err(|_| {
-            anyhow::anyhow!("PostgreSQL at {} did not answer within {CONNECT_TIMEOUT:?}", redacted(url))
-        })?
-        .with_context(|| format!("PostgreSQL at {} unreachable", redacted(url)))?;
-    drop(probe);
-    let pool = PgPoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(CONNECT_TIMEOUT)
-        .connect_with(options)
-        .await
-        .with_context(|| format!("PostgreSQL at {} unreachable", redacted(url)))?;
-    Ok(pool)
+    let settings = ::database::PoolSettings {
+        database: "pagamentos",
+        max_connections,
+        acquire_timeout: CONNECT_TIMEOUT,
+        session: ::database::Session { statement_timeout: Duration::ZERO, ..Default::default() },
+    };
+    Ok(::database::connect(url, &settings).await?)
 }
 
 #[cfg(test)]
@@ -84,5 +73,8 @@ mod tests {
     fn redaction_hides_the_password() {
         let text = redacted("postgres://pagamentos:s3cret@db.internal:6543/ledger");
         assert_eq!(text, "db.internal:6543/ledger");
+        let text =
+            redacted("postgres://ledger:s3cret@db1:5442,db2:5443/ledger?target_session_attrs=read-write");
+        assert_eq!(text, "db1:5442,db2:5443/ledger");
     }
 }

@@ -52,12 +52,8 @@ impl StoreError {
 pub enum Error {
     #[error(transparent)]
     Auth(#[from] web::AuthConfigError),
-    #[error("database at {address} unreachable")]
-    Connect {
-        address: String,
-        #[source]
-        source: sqlx::Error,
-    },
+    #[error(transparent)]
+    Connect(#[from] database::Error),
     #[error("migrating the transferencias database failed")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error(transparent)]

@@ -29,7 +29,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::postgres::PgPoolOptions;
 use telemetry::supervisor::Supervisor;
 
 use contracts::topics;
@@ -73,6 +72,39 @@ pub struct TransfersArgs {
     #[arg(long = "transferencias-database-connections", env = "TRANSFERENCIAS_DATABASE_CONNECTIONS", default_value_t = 16, value_parser = clap::value_parser!(u32).range(2..=200))]
     pub database_connections: u32,
 
+    /// The server cancels a statement of ours running longer, in milliseconds (SQLSTATE 57014:
+    /// the request answers 503, a consumer retries as with the database away); 0 = no limit.
+    #[arg(
+        long = "transferencias-database-statement-timeout-ms",
+        value_name = "MS",
+        env = "TRANSFERENCIAS_DATABASE_STATEMENT_TIMEOUT_MS",
+        default_value_t = 30_000
+    )]
+    pub database_statement_timeout_ms: u64,
+
+    /// Longest wait for a row lock, in milliseconds; 0 = no limit.
+    #[arg(
+        long = "transferencias-database-lock-timeout-ms",
+        value_name = "MS",
+        env = "TRANSFERENCIAS_DATABASE_LOCK_TIMEOUT_MS",
+        default_value_t = 10_000
+    )]
+    pub database_lock_timeout_ms: u64,
+
+    /// The server ends a session of ours idle inside a transaction longer, in milliseconds,
+    /// releasing its locks (a hung or partitioned instance); 0 = no limit.
+    #[arg(
+        long = "transferencias-database-idle-in-transaction-timeout-ms",
+        value_name = "MS",
+        env = "TRANSFERENCIAS_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_MS",
+        default_value_t = 180_000
+    )]
+    pub database_idle_in_transaction_timeout_ms: u64,
+
+    /// Longest wait for a pooled connection (connecting included), in milliseconds.
+    #[arg(long = "transferencias-database-acquire-timeout-ms", value_name = "MS", env = "TRANSFERENCIAS_DATABASE_ACQUIRE_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..))]
+    pub database_acquire_timeout_ms: u64,
+
     /// How long an Idempotency-Key is remembered, in seconds.
     #[arg(long, env = "TRANSFERENCIAS_IDEMPOTENCY_KEY_TTL_SECONDS", default_value_t = 86_400, value_parser = clap::value_parser!(u64).range(1..))]
     pub idempotency_key_ttl_seconds: u64,
@@ -107,11 +139,33 @@ impl std::fmt::Debug for TransfersArgs {
             .field("listen", &self.listen)
             .field("database_url", &telemetry::redact_url(&self.database_url))
             .field("database_connections", &self.database_connections)
+            .field("database_statement_timeout_ms", &self.database_statement_timeout_ms)
+            .field("database_lock_timeout_ms", &self.database_lock_timeout_ms)
+            .field("database_idle_in_transaction_timeout_ms", &self.database_idle_in_transaction_timeout_ms)
+            .field("database_acquire_timeout_ms", &self.database_acquire_timeout_ms)
             .field("idempotency_key_ttl_seconds", &self.idempotency_key_ttl_seconds)
             .field("outbox_retention_seconds", &self.outbox_retention_seconds)
             .field("outbox_max_pending", &self.outbox_max_pending)
             .field("idempotency_key_required", &self.idempotency_key_required)
             .finish()
+    }
+}
+
+impl TransfersArgs {
+    /// How the transfers pool is built from these options.
+    pub fn pool_settings(&self) -> database::PoolSettings {
+        database::PoolSettings {
+            database: "transferencias",
+            max_connections: self.database_connections,
+            acquire_timeout: Duration::from_millis(self.database_acquire_timeout_ms),
+            session: database::Session {
+                statement_timeout: Duration::from_millis(self.database_statement_timeout_ms),
+                lock_timeout: Duration::from_millis(self.database_lock_timeout_ms),
+                idle_in_transaction_session_timeout: Duration::from_millis(
+                    self.database_idle_in_transaction_timeout_ms,
+                ),
+            },
+        }
     }
 }
 
@@ -139,17 +193,7 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
     if !args.idempotency_key_required {
         tracing::warn!("TRANSFERENCIAS_IDEMPOTENCY_KEY_REQUIRED=false: a client that retries without an Idempotency-Key after a lost answer may create a transfer twice");
     }
-    let options: sqlx::postgres::PgConnectOptions = args
-        .database_url
-        .parse()
-        .map_err(|source| Error::Connect { address: "(unparsable URL)".into(), source })?;
-    let address = format!("{}:{}", options.get_host(), options.get_port());
-    let pool = PgPoolOptions::new()
-        .max_connections(args.database_connections)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect_with(options)
-        .await
-        .map_err(|source| Error::Connect { address, source })?;
+    let pool = database::connect(&args.database_url, &args.pool_settings()).await?;
     MIGRATOR.run(&pool).await?;
 
     kafka::topics::ensure_at_start(&kafka, &topic_args).await?;

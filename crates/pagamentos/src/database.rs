@@ -22,7 +22,8 @@ pub struct DatabaseArgs {
     )]
     pub transferencias_database_url: String,
 
-    /// PostgreSQL URL of the ledger database.
+    /// PostgreSQL URL of the ledger database, as the runtime role (the stack's `ledger_app`:
+    /// may insert and read the books, not rewrite them).
     #[arg(
         long,
         env = "LEDGER_DATABASE_URL",

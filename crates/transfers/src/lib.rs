@@ -150,7 +150,8 @@ pub async fn start(
         .connect_with(options)
         .await
         .map_err(|source| Error::Connect { address, source })?;
-    MIGRATOR.run(&pool).await?;
+    // migrates as the schema's owner; a runtime role only checks (outbox::schema)
+    outbox::schema::migrate_or_check(&pool, &MIGRATOR).await?;
 
     kafka::topics::ensure_at_start(&kafka, &topic_args).await?;
 

@@ -53,9 +53,8 @@ pub async fn migrate_or_check(pool: &PgPool, migrator: &Migrator) -> Result<Prep
         migrator.run(pool).await?;
         return Ok(Prepared::Migrated);
     }
-    let history_exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
-        .fetch_one(pool)
-        .await?;
+    let history_exists: bool =
+        sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL").fetch_one(pool).await?;
     let applied: HashMap<i64, Vec<u8>> = if history_exists {
         sqlx::query_as::<_, (i64, Vec<u8>)>("SELECT version, checksum FROM _sqlx_migrations WHERE success")
             .fetch_all(pool)

@@ -13,7 +13,8 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
 /// The two databases: one per service, as the contract says.
 #[derive(Clone, clap::Args)]
 pub struct DatabaseArgs {
-    /// PostgreSQL URL of the transfers database.
+    /// PostgreSQL URL of the transfers database, as the runtime role (the stack's
+    /// `transferencias_app`).
     #[arg(
         long,
         env = "TRANSFERENCIAS_DATABASE_URL",

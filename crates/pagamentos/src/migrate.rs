@@ -66,7 +66,7 @@ impl MigrateArgs {
                 pick(
                     &self.transferencias_migration_database_url,
                     &self.transferencias_database_url,
-                    transfers::DEFAULT_DATABASE_URL,
+                    transfers::DEFAULT_MIGRATION_DATABASE_URL,
                 ),
             ),
             (

@@ -41,11 +41,12 @@ async fn refused(options: PgConnectOptions) -> String {
 
 #[tokio::test]
 async fn each_service_role_reaches_its_own_database_only() {
-    let transfers = on_test_server(transfers::DEFAULT_DATABASE_URL);
+    let transfers = on_test_server(transfers::DEFAULT_MIGRATION_DATABASE_URL);
     let ledger = on_test_server(ledger::DEFAULT_MIGRATION_DATABASE_URL);
+    let transfers_runtime = on_test_server(transfers::DEFAULT_DATABASE_URL);
     let ledger_runtime = on_test_server(ledger::DEFAULT_DATABASE_URL);
 
-    for role in [&transfers, &ledger, &ledger_runtime] {
+    for role in [&transfers, &ledger, &transfers_runtime, &ledger_runtime] {
         let mut connection = role.connect().await.expect("a service role reaches its own database");
         let (superuser, create_db, create_role, replication, bypass_rls): (bool, bool, bool, bool, bool) =
             sqlx::query_as(
@@ -63,18 +64,25 @@ async fn each_service_role_reaches_its_own_database_only() {
         );
         connection.close().await.expect("close");
     }
-    // the runtime role owns nothing and may not create anything in its database
-    let mut connection = ledger_runtime.connect().await.expect("runtime role");
-    let (owns_database, create_in_schema, temporary): (bool, bool, bool) = sqlx::query_as(
-        "SELECT pg_has_role(current_user, datdba, 'USAGE'), has_schema_privilege('public', 'CREATE'), \
-         has_database_privilege(current_database(), 'TEMPORARY') FROM pg_database \
-         WHERE datname = current_database()",
-    )
-    .fetch_one(&mut connection)
-    .await
-    .expect("runtime role's privileges");
-    assert_eq!((owns_database, create_in_schema, temporary), (false, false, false));
-    connection.close().await.expect("close");
+    // a runtime role owns nothing and may not create anything in its database
+    for runtime in [&transfers_runtime, &ledger_runtime] {
+        let mut connection = runtime.connect().await.expect("runtime role");
+        let (owns_database, create_in_schema, temporary): (bool, bool, bool) = sqlx::query_as(
+            "SELECT pg_has_role(current_user, datdba, 'USAGE'), has_schema_privilege('public', 'CREATE'), \
+             has_database_privilege(current_database(), 'TEMPORARY') FROM pg_database \
+             WHERE datname = current_database()",
+        )
+        .fetch_one(&mut connection)
+        .await
+        .expect("runtime role's privileges");
+        assert_eq!(
+            (owns_database, create_in_schema, temporary),
+            (false, false, false),
+            "{}",
+            runtime.get_username()
+        );
+        connection.close().await.expect("close");
+    }
 
     for own in [&transfers, &ledger] {
         let mut connection = own.connect().await.expect("a service role reaches its own database");
@@ -110,6 +118,8 @@ async fn each_service_role_reaches_its_own_database_only() {
     assert!(message.contains("transferencias"), "{message}");
     let message = refused(ledger_runtime.clone().database("transferencias")).await;
     assert!(message.contains("transferencias"), "{message}");
+    let message = refused(transfers_runtime.clone().database("ledger")).await;
+    assert!(message.contains("ledger"), "{message}");
     // the tests' role creates databases of its own but cannot reach the services'
     let admin: PgConnectOptions = testkit::admin_database_url().parse().expect("admin URL");
     refused(admin.clone().database("transferencias")).await;
@@ -125,10 +135,16 @@ fn ledger_runtime_url(name: &str) -> String {
     ledger_runtime_on(name).to_url_lossy().to_string()
 }
 
+/// `transferencias_app`, the stack's runtime login role of transferencias, on the test's
+/// database `name`.
+fn transfers_runtime_on(name: &str) -> PgConnectOptions {
+    on_test_server(transfers::DEFAULT_DATABASE_URL).database(name)
+}
+
 /// Runs `statement` on `connection`, which must refuse it for want of privilege.
 async fn refused_statement(connection: &mut PgConnection, statement: &str) {
     match sqlx::raw_sql(statement).execute(&mut *connection).await {
-        Ok(_) => panic!("the ledger's runtime role was allowed: {statement}"),
+        Ok(_) => panic!("the runtime role was allowed: {statement}"),
         Err(sqlx::Error::Database(e)) => {
             assert_eq!(e.code().as_deref(), Some("42501"), "{statement}: not a privilege refusal: {e}")
         }
@@ -214,6 +230,48 @@ async fn the_ledgers_runtime_role_inserts_and_reads_the_books_but_never_rewrites
 }
 
 #[tokio::test]
+async fn the_transfers_runtime_role_writes_rows_but_removes_no_transfer_and_changes_no_schema() {
+    let database = TestDatabase::create(&transfers::MIGRATOR).await;
+    let mut runtime =
+        transfers_runtime_on(&database.name).connect().await.expect("transferencias_app connects");
+    let transfer = Uuid::new_v4();
+    sqlx::raw_sql(&format!(
+        "INSERT INTO transferencia (id, conta_origem, conta_destino, valor_centavos, moeda, status) \
+           VALUES ('{transfer}', 'CC-A', 'CC-B', 100, 'BRL', 'PENDENTE'); \
+         UPDATE transferencia SET status = 'LIQUIDADA', atualizada_em = now() WHERE id = '{transfer}'; \
+         INSERT INTO chave_idempotencia (escopo, chave, hash_requisicao, transferencia_id, expira_em) \
+           VALUES ('api', 'k', 'h', '{transfer}', now()); \
+         DELETE FROM chave_idempotencia WHERE expira_em <= now(); \
+         INSERT INTO outbox_evento (id, topico, chave, tipo, payload) \
+           VALUES ('{transfer}', 'transferencias.solicitada', 'CC-A', 'TransferenciaSolicitada', '{{}}'); \
+         UPDATE outbox_evento SET publicado_em = now() WHERE id = '{transfer}'; \
+         DELETE FROM outbox_evento WHERE id = '{transfer}';"
+    ))
+    .execute(&mut runtime)
+    .await
+    .expect("the runtime role does what transferencias does");
+    for statement in [
+        "DELETE FROM transferencia",
+        "TRUNCATE transferencia",
+        "DROP TABLE transferencia",
+        "TRUNCATE outbox_evento",
+        "DROP TABLE chave_idempotencia",
+        "ALTER TABLE transferencia ADD COLUMN x int",
+        "CREATE TABLE copia (id bigint)",
+        "DELETE FROM _sqlx_migrations",
+    ] {
+        refused_statement(&mut runtime, statement).await;
+    }
+    let status: String = sqlx::query_scalar("SELECT status FROM transferencia WHERE id = $1")
+        .bind(transfer)
+        .fetch_one(&database.pool)
+        .await
+        .expect("the transfer");
+    assert_eq!(status, "LIQUIDADA");
+    runtime.close().await.expect("close");
+}
+
+#[tokio::test]
 async fn the_ledger_as_its_runtime_role_refuses_an_unmigrated_database_until_pagamentos_migrate_ran() {
     let database = TestDatabase::empty().await;
     let topics = TestTopics::plan(3).await;
@@ -260,12 +318,19 @@ async fn the_ledger_as_its_runtime_role_refuses_an_unmigrated_database_until_pag
 }
 
 #[tokio::test]
-async fn a_transfer_settles_end_to_end_with_the_ledgers_runtime_role() {
+async fn a_transfer_settles_end_to_end_with_the_runtime_roles() {
     let system = System::new().await;
-    // the deploy step, as the owner; the services then run as the runtime role
+    // the deploy step, as the owner; the services then run as the runtime roles
     ledger::MIGRATOR.run(&system.ledger_db.pool).await.expect("migrate as the owner");
-    let runtime_url = ledger_runtime_url(&system.ledger_db.name);
-    let mut all = system.start_with(&[("LEDGER_DATABASE_URL", runtime_url.as_str())]).await;
+    transfers::MIGRATOR.run(&system.transfers_db.pool).await.expect("migrate as the owner");
+    let ledger_url = ledger_runtime_url(&system.ledger_db.name);
+    let transfers_url = transfers_runtime_on(&system.transfers_db.name).to_url_lossy().to_string();
+    let mut all = system
+        .start_with(&[
+            ("LEDGER_DATABASE_URL", ledger_url.as_str()),
+            ("TRANSFERENCIAS_DATABASE_URL", transfers_url.as_str()),
+        ])
+        .await;
 
     system.open_account("RT-A", 50_000).await;
     system.open_account("RT-B", 0).await;
@@ -274,14 +339,18 @@ async fn a_transfer_settles_end_to_end_with_the_ledgers_runtime_role() {
     assert_eq!(system.balance("RT-A").await, 50_000 - 12_345);
     assert_eq!(system.balance("RT-B").await, 12_345);
 
-    // every session of the ledger was the runtime role's
-    let roles: Vec<String> = sqlx::query_scalar(
-        "SELECT DISTINCT usename::text FROM pg_stat_activity WHERE datname = $1 AND usename <> current_user",
-    )
-    .bind(&system.ledger_db.name)
-    .fetch_all(&system.ledger_db.pool)
-    .await
-    .expect("sessions");
-    assert_eq!(roles, ["ledger_app"]);
+    // every session of the services was a runtime role's
+    for (database, runtime) in
+        [(&system.ledger_db, "ledger_app"), (&system.transfers_db, "transferencias_app")]
+    {
+        let roles: Vec<String> = sqlx::query_scalar(
+            "SELECT DISTINCT usename::text FROM pg_stat_activity WHERE datname = $1 AND usename <> current_user",
+        )
+        .bind(&database.name)
+        .fetch_all(&database.pool)
+        .await
+        .expect("sessions");
+        assert_eq!(roles, [runtime]);
+    }
     all.kill().await.expect("stop pagamentos all");
 }

@@ -9,6 +9,8 @@ pub enum Error {
     Connect(#[from] database::Error),
     #[error("ledger database migration failed")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("the ledger database is not ready (`pagamentos migrate` with LEDGER_MIGRATION_DATABASE_URL migrates it)")]
+    Schema(#[from] outbox::schema::SchemaError),
     #[error(transparent)]
     Kafka(#[from] kafka::Error),
     #[error("cannot listen on {address}")]

@@ -45,9 +45,15 @@ pub use error::{Error, StoreError};
 /// The `ledger` database's migrations, applied by `pagamentos migrate` and on start.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
-/// The stack's `ledger` database, reached as its owner role `ledger`, which can connect to no
-/// other database of ours (`scripts/stack` creates both).
-pub const DEFAULT_DATABASE_URL: &str = "postgres://ledger:ledger@localhost:5432/ledger";
+/// The stack's `ledger` database, reached as its runtime role `ledger_app` (a member of
+/// `ledger_runtime`, which the migrations allow to insert and read the books but not to rewrite
+/// them, nor to change the schema); it can connect to no other database of ours (`scripts/stack`
+/// creates both roles).
+pub const DEFAULT_DATABASE_URL: &str = "postgres://ledger_app:ledger_app@localhost:5432/ledger";
+
+/// The stack's `ledger` database, reached as its owner role `ledger`: `pagamentos migrate`'s
+/// default.
+pub const DEFAULT_MIGRATION_DATABASE_URL: &str = "postgres://ledger:ledger@localhost:5432/ledger";
 
 /// Options of `pagamentos ledger`.
 #[derive(Clone, clap::Args)]
@@ -62,7 +68,8 @@ pub struct LedgerArgs {
     )]
     pub listen: SocketAddr,
 
-    /// PostgreSQL URL of the ledger database.
+    /// PostgreSQL URL of the ledger database, as the runtime role (it migrates the schema on
+    /// start only if the role owns it, else checks that `pagamentos migrate` did).
     #[arg(
         id = "ledger_database_url",
         value_name = "DATABASE_URL",
@@ -216,7 +223,8 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
     // before anything else: a service that would let anyone create money does not start
     let tokens = auth.resolve("ledger")?;
     let pool = database::connect(&args.database_url, &args.pool_settings()).await?;
-    MIGRATOR.run(&pool).await?;
+    // migrates as the schema's owner; a runtime role only checks (outbox::schema)
+    outbox::schema::migrate_or_check(&pool, &MIGRATOR).await?;
 
     kafka::topics::ensure_at_start(&kafka, &topic_args).await?;
 

@@ -11,6 +11,8 @@
 //! - [`metrics`]: `outbox_pendentes`, `outbox_oldest_pending_seconds`, `outbox_reservados`.
 //! - [`health`]: PostgreSQL readiness for `/readyz` (the shared floor of the services that own
 //!   a database).
+//! - [`schema`]: the start-up rule of that floor: migrate as the schema's owner, else check
+//!   that every migration is applied (a runtime role may not change the schema).
 //!
 //! # Architecture invariant
 //! Knows the `outbox_evento` table and nothing else of a service's schema. Each service's own
@@ -30,6 +32,7 @@ pub mod error;
 pub mod health;
 pub mod metrics;
 pub mod relay;
+pub mod schema;
 
 pub use error::Error;
 use sqlx::PgConnection;

@@ -11,7 +11,8 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
 /// The two databases: one per service, as the contract says.
 #[derive(Clone, clap::Args)]
 pub struct DatabaseArgs {
-    /// PostgreSQL URL of the transfers database.
+    /// PostgreSQL URL of the transfers database, as the runtime role (the stack's
+    /// `transferencias_app`).
     #[arg(
         long,
         env = "TRANSFERENCIAS_DATABASE_URL",
@@ -20,7 +21,8 @@ pub struct DatabaseArgs {
     )]
     pub transferencias_database_url: String,
 
-    /// PostgreSQL URL of the ledger database.
+    /// PostgreSQL URL of the ledger database, as the runtime role (the stack's `ledger_app`:
+    /// may insert and read the books, not rewrite them).
     #[arg(
         long,
         env = "LEDGER_DATABASE_URL",

@@ -59,7 +59,8 @@ enum Command {
     Notificacoes(services::NotificationsCommand),
     /// Inspect (`list`) or re-drive (`replay`) the dead letters of any `-dlt` topic.
     Dlt(dlt::DltCommand),
-    /// Apply the embedded database migrations (services also migrate on start).
+    /// Apply the embedded database migrations as each schema's owner (services also migrate on
+    /// start when their role owns the schema, else they check that this ran).
     Migrate(migrate::MigrateArgs),
     /// Create or verify every topic idempotently; exit 1 if an existing topic differs from the
     /// configuration (partitions, replication factor, min.insync.replicas, retention). Fewer

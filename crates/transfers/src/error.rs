@@ -56,6 +56,8 @@ pub enum Error {
     Connect(#[from] database::Error),
     #[error("migrating the transferencias database failed")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("the transferencias database is not ready (`pagamentos migrate` with TRANSFERENCIAS_MIGRATION_DATABASE_URL migrates it)")]
+    Schema(#[from] outbox::schema::SchemaError),
     #[error(transparent)]
     Kafka(#[from] kafka::Error),
     #[error("cannot listen on {address}")]

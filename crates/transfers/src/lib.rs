@@ -44,9 +44,16 @@ pub use error::Error;
 /// The `transferencias` database's migrations, applied by `pagamentos migrate` and on start.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
-/// The stack's `transferencias` database, reached as its owner role `transferencias`, which
-/// can connect to no other database of ours (`scripts/stack` creates both).
+/// The stack's `transferencias` database, reached as its runtime role `transferencias_app` (a
+/// member of `transferencias_runtime`, which the migrations allow to read and write rows but not
+/// to remove transfers nor change the schema); it can connect to no other database of ours
+/// (`scripts/stack` creates the roles).
 pub const DEFAULT_DATABASE_URL: &str =
+    "postgres://transferencias_app:transferencias_app@localhost:5432/transferencias";
+
+/// The stack's `transferencias` database, reached as its owner role `transferencias`:
+/// `pagamentos migrate`'s default.
+pub const DEFAULT_MIGRATION_DATABASE_URL: &str =
     "postgres://transferencias:transferencias@localhost:5432/transferencias";
 
 /// How often expired Idempotency-Keys are deleted.
@@ -59,7 +66,8 @@ pub struct TransfersArgs {
     #[arg(long = "transferencias-listen", env = "TRANSFERENCIAS_LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: SocketAddr,
 
-    /// PostgreSQL URL of the transfers database.
+    /// PostgreSQL URL of the transfers database, as the runtime role (it migrates the schema
+    /// on start only if the role owns it, else checks that `pagamentos migrate` did).
     #[arg(
         long = "transferencias-database-url",
         env = "TRANSFERENCIAS_DATABASE_URL",
@@ -194,7 +202,8 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
         tracing::warn!("TRANSFERENCIAS_IDEMPOTENCY_KEY_REQUIRED=false: a client that retries without an Idempotency-Key after a lost answer may create a transfer twice");
     }
     let pool = database::connect(&args.database_url, &args.pool_settings()).await?;
-    MIGRATOR.run(&pool).await?;
+    // migrates as the schema's owner; a runtime role only checks (outbox::schema)
+    outbox::schema::migrate_or_check(&pool, &MIGRATOR).await?;
 
     kafka::topics::ensure_at_start(&kafka, &topic_args).await?;
 

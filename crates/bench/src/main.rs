@@ -77,6 +77,10 @@ struct Args {
     #[arg(long, env = "KAFKA_BOOTSTRAP_SERVERS", default_value = "localhost:9092")]
     kafka_bootstrap_servers: String,
 
+    /// TLS and SASL, passed on to `pagamentos all` and `loadgen`.
+    #[command(flatten)]
+    kafka_security: kafka::config::KafkaSecurity,
+
     /// Where results.json, summary.md and the plot go.
     #[arg(long)]
     out: PathBuf,
@@ -191,6 +195,7 @@ impl System {
             .env("ANTIFRAUDE_LISTEN", format!("127.0.0.1:{}", ports[2]))
             .env("NOTIFICACOES_LISTEN", format!("127.0.0.1:{}", ports[3]))
             .env("KAFKA_BOOTSTRAP_SERVERS", &args.kafka_bootstrap_servers)
+            .envs(args.kafka_security.to_env())
             .env("PAGAMENTOS_TOPIC_PREFIX", &prefix)
             // the bench measures, it keeps no data: the topics' replicas as configured, fewer
             // than 3 accepted (the local stack has one broker)
@@ -246,6 +251,7 @@ impl System {
         }
         let kafka = kafka::KafkaArgs {
             topic_prefix: self.prefix.clone(),
+            security: args.kafka_security.clone(),
             ..kafka::KafkaArgs::new(args.kafka_bootstrap_servers.clone())
         };
         let names: Vec<String> =
@@ -284,6 +290,7 @@ impl System {
             .env("PAGAMENTOS_API_TOKEN", &self.tokens[0])
             .env("PAGAMENTOS_ADMIN_TOKEN", &self.tokens[1])
             .env("KAFKA_BOOTSTRAP_SERVERS", &args.kafka_bootstrap_servers)
+            .envs(args.kafka_security.to_env())
             .env("PAGAMENTOS_TOPIC_PREFIX", &self.prefix)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())

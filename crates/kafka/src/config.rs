@@ -1,6 +1,7 @@
 //! Client settings: what every producer, consumer and admin client of pagamentos is built with.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
@@ -24,6 +25,9 @@ pub struct KafkaArgs {
     /// systems or tests share one cluster.
     #[arg(long = "topic-prefix", env = "PAGAMENTOS_TOPIC_PREFIX", default_value = "")]
     pub topic_prefix: String,
+
+    #[command(flatten)]
+    pub security: KafkaSecurity,
 }
 
 impl KafkaArgs {
@@ -33,6 +37,7 @@ impl KafkaArgs {
             bootstrap_servers: bootstrap_servers.into(),
             group_protocol: GroupProtocol::Consumer,
             topic_prefix: String::new(),
+            security: KafkaSecurity::default(),
         }
     }
 
@@ -44,6 +49,216 @@ impl KafkaArgs {
     /// Consumer group `name` behind the same prefix, so isolated topic sets get isolated groups.
     pub fn group(&self, name: &str) -> String {
         format!("{}{name}", self.topic_prefix)
+    }
+}
+
+/// How every client reaches the brokers: TLS and SASL (CONTRACT §1, *Kafka security*).
+///
+/// `Debug` shows whether a password is set, never the password.
+#[derive(Clone, Default, clap::Args)]
+pub struct KafkaSecurity {
+    /// `plaintext`, `ssl` (TLS), `sasl_plaintext` (SASL without TLS: test clusters only) or
+    /// `sasl_ssl` (SASL over TLS, what production uses).
+    #[arg(
+        long = "kafka-security-protocol",
+        env = "KAFKA_SECURITY_PROTOCOL",
+        value_enum,
+        ignore_case = true,
+        default_value_t = SecurityProtocol::Plaintext
+    )]
+    pub protocol: SecurityProtocol,
+
+    /// SASL mechanism, with `sasl_plaintext` or `sasl_ssl`.
+    #[arg(
+        long = "kafka-sasl-mechanism",
+        env = "KAFKA_SASL_MECHANISM",
+        value_enum,
+        ignore_case = true,
+        default_value_t = SaslMechanism::ScramSha512
+    )]
+    pub sasl_mechanism: SaslMechanism,
+
+    /// SASL user of this service (required with `sasl_plaintext` and `sasl_ssl`).
+    #[arg(
+        long = "kafka-sasl-username",
+        env = "KAFKA_SASL_USERNAME",
+        required_if_eq_any = [("protocol", "sasl_plaintext"), ("protocol", "sasl_ssl")]
+    )]
+    pub sasl_username: Option<String>,
+
+    /// SASL password (required with `sasl_plaintext` and `sasl_ssl`); give it through the
+    /// environment, not the command line, which other users of the host can read.
+    #[arg(
+        long = "kafka-sasl-password",
+        env = "KAFKA_SASL_PASSWORD",
+        hide_env_values = true,
+        required_if_eq_any = [("protocol", "sasl_plaintext"), ("protocol", "sasl_ssl")]
+    )]
+    pub sasl_password: Option<String>,
+
+    /// PEM file of the CA(s) that signed the brokers' certificates (`ssl`, `sasl_ssl`); unset =
+    /// the system's trust store. The broker's host name is verified against its certificate.
+    #[arg(long = "kafka-ssl-ca-location", env = "KAFKA_SSL_CA_LOCATION")]
+    pub ssl_ca_location: Option<PathBuf>,
+
+    /// PEM client certificate, for brokers that require mutual TLS (with the key below).
+    #[arg(
+        long = "kafka-ssl-certificate-location",
+        env = "KAFKA_SSL_CERTIFICATE_LOCATION",
+        requires = "ssl_key_location"
+    )]
+    pub ssl_certificate_location: Option<PathBuf>,
+
+    /// PEM private key of the client certificate.
+    #[arg(
+        long = "kafka-ssl-key-location",
+        env = "KAFKA_SSL_KEY_LOCATION",
+        requires = "ssl_certificate_location"
+    )]
+    pub ssl_key_location: Option<PathBuf>,
+
+    /// Password of an encrypted client key.
+    #[arg(long = "kafka-ssl-key-password", env = "KAFKA_SSL_KEY_PASSWORD", hide_env_values = true)]
+    pub ssl_key_password: Option<String>,
+}
+
+impl fmt::Debug for KafkaSecurity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let hidden = |secret: &Option<String>| secret.as_ref().map(|_| "<redacted>");
+        f.debug_struct("KafkaSecurity")
+            .field("protocol", &self.protocol)
+            .field("sasl_mechanism", &self.sasl_mechanism)
+            .field("sasl_username", &self.sasl_username)
+            .field("sasl_password", &hidden(&self.sasl_password))
+            .field("ssl_ca_location", &self.ssl_ca_location)
+            .field("ssl_certificate_location", &self.ssl_certificate_location)
+            .field("ssl_key_location", &self.ssl_key_location)
+            .field("ssl_key_password", &hidden(&self.ssl_key_password))
+            .finish()
+    }
+}
+
+impl KafkaSecurity {
+    /// SASL over TLS as `username`, trusting the CA in `ca_location`.
+    pub fn sasl_ssl(
+        username: impl Into<String>,
+        password: impl Into<String>,
+        ca_location: impl Into<PathBuf>,
+    ) -> Self {
+        Self {
+            protocol: SecurityProtocol::SaslSsl,
+            sasl_username: Some(username.into()),
+            sasl_password: Some(password.into()),
+            ssl_ca_location: Some(ca_location.into()),
+            ..Self::default()
+        }
+    }
+
+    /// The environment variables that give a child process these settings (`pagamentos` reads
+    /// them as the fallbacks of its flags).
+    pub fn to_env(&self) -> Vec<(&'static str, String)> {
+        let path = |path: &PathBuf| path.to_string_lossy().into_owned();
+        let mut env = vec![
+            ("KAFKA_SECURITY_PROTOCOL", self.protocol.to_string()),
+            ("KAFKA_SASL_MECHANISM", self.sasl_mechanism.to_string()),
+        ];
+        let optional = [
+            ("KAFKA_SASL_USERNAME", self.sasl_username.clone()),
+            ("KAFKA_SASL_PASSWORD", self.sasl_password.clone()),
+            ("KAFKA_SSL_CA_LOCATION", self.ssl_ca_location.as_ref().map(path)),
+            ("KAFKA_SSL_CERTIFICATE_LOCATION", self.ssl_certificate_location.as_ref().map(path)),
+            ("KAFKA_SSL_KEY_LOCATION", self.ssl_key_location.as_ref().map(path)),
+            ("KAFKA_SSL_KEY_PASSWORD", self.ssl_key_password.clone()),
+        ];
+        env.extend(optional.into_iter().filter_map(|(name, value)| Some((name, value?))));
+        env
+    }
+
+    /// Sets librdkafka's `security.protocol`, `sasl.*` and `ssl.*` properties on `config`.
+    pub fn apply(&self, config: &mut ClientConfig) {
+        config.set("security.protocol", self.protocol.to_string());
+        if self.protocol.uses_sasl() {
+            config.set("sasl.mechanisms", self.sasl_mechanism.to_string());
+            if let Some(username) = &self.sasl_username {
+                config.set("sasl.username", username);
+            }
+            if let Some(password) = &self.sasl_password {
+                config.set("sasl.password", password);
+            }
+        }
+        if self.protocol.uses_tls() {
+            let path = |path: &PathBuf| path.to_string_lossy().into_owned();
+            if let Some(ca) = &self.ssl_ca_location {
+                config.set("ssl.ca.location", path(ca));
+            }
+            if let Some(certificate) = &self.ssl_certificate_location {
+                config.set("ssl.certificate.location", path(certificate));
+            }
+            if let Some(key) = &self.ssl_key_location {
+                config.set("ssl.key.location", path(key));
+            }
+            if let Some(password) = &self.ssl_key_password {
+                config.set("ssl.key.password", password);
+            }
+        }
+    }
+}
+
+/// `security.protocol`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum SecurityProtocol {
+    #[default]
+    #[value(name = "plaintext")]
+    Plaintext,
+    #[value(name = "ssl")]
+    Ssl,
+    #[value(name = "sasl_plaintext")]
+    SaslPlaintext,
+    #[value(name = "sasl_ssl")]
+    SaslSsl,
+}
+
+impl SecurityProtocol {
+    pub fn uses_sasl(self) -> bool {
+        matches!(self, Self::SaslPlaintext | Self::SaslSsl)
+    }
+
+    pub fn uses_tls(self) -> bool {
+        matches!(self, Self::Ssl | Self::SaslSsl)
+    }
+}
+
+impl fmt::Display for SecurityProtocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Plaintext => "plaintext",
+            Self::Ssl => "ssl",
+            Self::SaslPlaintext => "sasl_plaintext",
+            Self::SaslSsl => "sasl_ssl",
+        })
+    }
+}
+
+/// `sasl.mechanisms`: the SCRAM variants and PLAIN (which sends the password itself, so only
+/// over TLS).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum SaslMechanism {
+    #[default]
+    #[value(name = "SCRAM-SHA-512")]
+    ScramSha512,
+    #[value(name = "SCRAM-SHA-256")]
+    ScramSha256,
+    #[value(name = "PLAIN")]
+    Plain,
+}
+
+impl fmt::Display for SaslMechanism {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::ScramSha512 => "SCRAM-SHA-512",
+            Self::ScramSha256 => "SCRAM-SHA-256",
+            Self::Plain => "PLAIN",
+        })
     }
 }
 
@@ -144,6 +359,8 @@ fn base(args: &KafkaArgs, client_id: &str) -> ClientConfig {
         .set("metadata.recovery.rebootstrap.trigger.ms", "10000")
         // read by `crate::rebootstrap`: a client with no broker left adds its bootstrap servers
         .set("statistics.interval.ms", STATISTICS_INTERVAL.as_millis().to_string());
+    // every client of every command: producers, consumers, the transactional producer, admin
+    args.security.apply(&mut config);
     config
 }
 
@@ -296,6 +513,131 @@ mod tests {
         let classic = consumer_config(&args, "test", "ledger", OffsetCommit::StoredAfterHandling);
         assert_eq!(classic.get("group.protocol"), Some("classic"));
         assert_eq!(classic.get("session.timeout.ms"), Some("10000"));
+    }
+
+    /// Every kind of client this module builds.
+    fn every_client(args: &KafkaArgs) -> Vec<(&'static str, ClientConfig)> {
+        vec![
+            ("producer", producer_config(args, "test", Duration::ZERO)),
+            ("transactional", transactional_producer_config(args, "test", "tx-a", Duration::ZERO)),
+            ("consumer", consumer_config(args, "test", "group", OffsetCommit::StoredAfterHandling)),
+            ("dead-letter reader", base_consumer_settings(args, "test")),
+            ("admin", admin_config(args, "test")),
+        ]
+    }
+
+    #[test]
+    fn sasl_over_tls_reaches_every_client() {
+        let mut args = KafkaArgs::new("localhost:9094");
+        args.security = KafkaSecurity::sasl_ssl("ledger", "s3cret", "/etc/kafka/ca.pem");
+        for (kind, config) in every_client(&args) {
+            assert_eq!(config.get("security.protocol"), Some("sasl_ssl"), "{kind}");
+            assert_eq!(config.get("sasl.mechanisms"), Some("SCRAM-SHA-512"), "{kind}");
+            assert_eq!(config.get("sasl.username"), Some("ledger"), "{kind}");
+            assert_eq!(config.get("sasl.password"), Some("s3cret"), "{kind}");
+            assert_eq!(config.get("ssl.ca.location"), Some("/etc/kafka/ca.pem"), "{kind}");
+            // librdkafka's default: the broker's certificate must name the host we dialled
+            assert_eq!(config.get("ssl.endpoint.identification.algorithm"), None, "{kind}");
+        }
+    }
+
+    #[test]
+    fn plaintext_by_default_and_tls_settings_only_with_tls() {
+        for (kind, config) in every_client(&KafkaArgs::new("localhost:9092")) {
+            assert_eq!(config.get("security.protocol"), Some("plaintext"), "{kind}");
+            assert_eq!(config.get("sasl.mechanisms"), None, "{kind}");
+            assert_eq!(config.get("ssl.ca.location"), None, "{kind}");
+        }
+        let mut args = KafkaArgs::new("localhost:9093");
+        args.security = KafkaSecurity {
+            protocol: SecurityProtocol::Ssl,
+            ssl_ca_location: Some("ca.pem".into()),
+            ssl_certificate_location: Some("client.pem".into()),
+            ssl_key_location: Some("client.key".into()),
+            ssl_key_password: Some("key-pass".into()),
+            ..KafkaSecurity::default()
+        };
+        let config = producer_config(&args, "test", Duration::ZERO);
+        assert_eq!(config.get("security.protocol"), Some("ssl"));
+        assert_eq!(config.get("ssl.certificate.location"), Some("client.pem"));
+        assert_eq!(config.get("ssl.key.location"), Some("client.key"));
+        assert_eq!(config.get("ssl.key.password"), Some("key-pass"));
+        assert_eq!(config.get("sasl.mechanisms"), None);
+    }
+
+    #[test]
+    fn debug_never_shows_a_password() {
+        let mut args = KafkaArgs::new("localhost:9094");
+        args.security = KafkaSecurity::sasl_ssl("ledger", "s3cret-sasl", "ca.pem");
+        args.security.ssl_key_password = Some("s3cret-key".into());
+        let shown = format!("{args:?}");
+        assert!(shown.contains("ledger") && shown.contains("<redacted>"), "{shown}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+    }
+
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        kafka: KafkaArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<KafkaArgs, String> {
+        use clap::Parser;
+        Cli::try_parse_from(std::iter::once("pagamentos").chain(args.iter().copied()))
+            .map(|cli| cli.kafka)
+            .map_err(|error| error.to_string())
+    }
+
+    #[test]
+    fn sasl_without_credentials_is_refused_at_start() {
+        for protocol in ["sasl_ssl", "SASL_SSL", "sasl_plaintext"] {
+            let error = parse(&["--kafka-security-protocol", protocol]).expect_err(protocol);
+            assert!(error.contains("--kafka-sasl-username"), "{protocol}: {error}");
+            assert!(error.contains("--kafka-sasl-password"), "{protocol}: {error}");
+            let error = parse(&["--kafka-security-protocol", protocol, "--kafka-sasl-username", "u"])
+                .expect_err(protocol);
+            assert!(error.contains("--kafka-sasl-password"), "{protocol}: {error}");
+        }
+        let args = parse(&[
+            "--kafka-security-protocol",
+            "SASL_SSL",
+            "--kafka-sasl-mechanism",
+            "scram-sha-256",
+            "--kafka-sasl-username",
+            "antifraude",
+            "--kafka-sasl-password",
+            "p",
+        ])
+        .expect("complete SASL settings");
+        assert_eq!(args.security.protocol, SecurityProtocol::SaslSsl);
+        assert_eq!(args.security.sasl_mechanism, SaslMechanism::ScramSha256);
+        // TLS alone, or nothing, needs no credentials
+        assert_eq!(
+            parse(&["--kafka-security-protocol", "ssl"]).expect("ssl").security.protocol,
+            SecurityProtocol::Ssl
+        );
+        assert_eq!(parse(&[]).expect("defaults").security.sasl_mechanism, SaslMechanism::ScramSha512);
+        assert!(parse(&["--kafka-security-protocol", "tls"]).is_err());
+    }
+
+    #[test]
+    fn a_client_certificate_needs_its_key() {
+        let error = parse(&["--kafka-security-protocol", "ssl", "--kafka-ssl-certificate-location", "c.pem"])
+            .expect_err("certificate without key");
+        assert!(error.contains("--kafka-ssl-key-location"), "{error}");
+    }
+
+    #[test]
+    fn child_processes_get_the_same_settings() {
+        let security = KafkaSecurity::sasl_ssl("ledger", "p", "/ca.pem");
+        let env = security.to_env();
+        let get = |name: &str| env.iter().find(|(key, _)| *key == name).map(|(_, value)| value.as_str());
+        assert_eq!(get("KAFKA_SECURITY_PROTOCOL"), Some("sasl_ssl"));
+        assert_eq!(get("KAFKA_SASL_MECHANISM"), Some("SCRAM-SHA-512"));
+        assert_eq!(get("KAFKA_SASL_USERNAME"), Some("ledger"));
+        assert_eq!(get("KAFKA_SASL_PASSWORD"), Some("p"));
+        assert_eq!(get("KAFKA_SSL_CA_LOCATION"), Some("/ca.pem"));
+        assert_eq!(get("KAFKA_SSL_KEY_LOCATION"), None);
     }
 
     #[test]

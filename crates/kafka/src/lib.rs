@@ -43,6 +43,8 @@ pub mod topics;
 pub mod trace;
 pub mod transactional;
 
-pub use config::{GroupProtocol, KafkaArgs, Profile, TopicArgs};
+pub use config::{
+    GroupProtocol, KafkaArgs, KafkaSecurity, Profile, SaslMechanism, SecurityProtocol, TopicArgs,
+};
 pub use error::Error;
 pub use rdkafka;

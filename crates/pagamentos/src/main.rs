@@ -102,9 +102,38 @@ fn parse_arguments() -> Cli {
                     std::process::exit(2);
                 }
             }
+            if error.kind() == ErrorKind::MissingRequiredArgument {
+                let variables = missing_variables(&command, &error);
+                if !variables.is_empty() {
+                    let _ = error.print();
+                    eprintln!("note: or set the environment variable(s) {}", variables.join(", "));
+                    std::process::exit(2);
+                }
+            }
             error.exit()
         }
     }
+}
+
+/// The environment variables that could have given the missing required arguments.
+fn missing_variables(command: &clap::Command, error: &clap::Error) -> Vec<String> {
+    let Some(ContextValue::Strings(missing)) = error.get(ContextKind::InvalidArg) else { return Vec::new() };
+    missing
+        .iter()
+        .filter_map(|arg| {
+            let long = arg.split_whitespace().next()?.trim_start_matches("--");
+            let mut commands = vec![command];
+            while let Some(current) = commands.pop() {
+                for candidate in current.get_arguments() {
+                    if candidate.get_long() == Some(long) {
+                        return candidate.get_env().map(|env| env.to_string_lossy().into_owned());
+                    }
+                }
+                commands.extend(current.get_subcommands());
+            }
+            None
+        })
+        .collect()
 }
 
 /// The environment variable behind the argument `error` complains about, when that argument
@@ -189,6 +218,14 @@ mod tests {
             "https://user:pw-hook@hooks.example.com/in?token=token-query",
             "--webhook-secret",
             "whsec-secret",
+            "--kafka-security-protocol",
+            "sasl_ssl",
+            "--kafka-sasl-username",
+            "ledger",
+            "--kafka-sasl-password",
+            "pw-kafka",
+            "--kafka-ssl-key-password",
+            "pw-kafka-key",
         ])
         .expect("parses");
         let printed = format!("{cli:?}");
@@ -201,6 +238,7 @@ mod tests {
             "pw-hook",
             "token-query",
             "whsec-secret",
+            "pw-kafka",
         ] {
             assert!(!printed.contains(secret), "{secret} printed: {printed}");
         }

@@ -11,6 +11,7 @@
 //! - [`stack`]: `scripts/stack restart …` for the tests that take the stack away.
 //! - [`webhook`]: a scripted local HTTP receiver for notification tests.
 //! - [`otlp`]: an OTLP/HTTP (JSON) receiver for trace tests.
+//! - [`secure`]: users, CA and ACLs of the secure broker (`scripts/stack secure up`).
 //!
 //! The stack's addresses come from `KAFKA_BOOTSTRAP_SERVERS` and `PAGAMENTOS_TEST_DATABASE_URL`
 //! (defaults: the local stack). Tests fail, never skip, when the stack is down.
@@ -19,6 +20,7 @@
 //! Only ever a dev-dependency.
 
 pub mod otlp;
+pub mod secure;
 pub mod webhook;
 
 use std::future::Future;

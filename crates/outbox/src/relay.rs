@@ -26,6 +26,7 @@
 //! Between cycles the relay sleeps until the insert trigger's `NOTIFY` (the `fast` profile) or
 //! the poll interval (the fallback, and the only wake-up of the `reference` profile).
 
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
@@ -150,10 +151,11 @@ impl PendingEvent {
 }
 
 /// Step 1: leases up to `limit` pending rows to `owner` until `now() + lease`, in acceptance
-/// order (`sequencia`), in one statement (its own short transaction): rows whose lease is free
-/// or expired, `FOR UPDATE SKIP LOCKED`, and never a row behind an earlier row of its key that
-/// is still leased (a dead relay's rows are published first when their lease ends, so the
-/// key's order holds). The rows are returned in acceptance order.
+/// order (`sequencia`), in one statement (its own short transaction): rows whose lease is free,
+/// expired or already `owner`'s (left by a cycle of this instance that lost its connection
+/// before the mark or the release), `FOR UPDATE SKIP LOCKED`, and never a row behind an earlier
+/// row of its key that another instance still leases (a dead relay's rows are published first
+/// when their lease ends, so the key's order holds). The rows are returned in acceptance order.
 pub async fn claim<'e>(
     executor: impl PgExecutor<'e>,
     owner: Uuid,
@@ -163,11 +165,12 @@ pub async fn claim<'e>(
     let mut events: Vec<PendingEvent> = sqlx::query_as(
         "WITH candidato AS ( \
            SELECT id FROM outbox_evento AS e \
-           WHERE publicado_em IS NULL AND (reservado_ate IS NULL OR reservado_ate <= now()) \
+           WHERE publicado_em IS NULL \
+             AND (reservado_ate IS NULL OR reservado_ate <= now() OR reservado_por = $2) \
              AND NOT EXISTS (SELECT 1 FROM outbox_evento AS anterior \
                              WHERE anterior.publicado_em IS NULL AND anterior.topico = e.topico \
                                AND anterior.chave = e.chave AND anterior.sequencia < e.sequencia \
-                               AND anterior.reservado_ate > now()) \
+                               AND anterior.reservado_ate > now() AND anterior.reservado_por <> $2) \
            ORDER BY sequencia LIMIT $1 FOR UPDATE SKIP LOCKED) \
          UPDATE outbox_evento AS e SET reservado_por = $2, reservado_ate = now() + make_interval(secs => $3) \
          FROM candidato WHERE e.id = candidato.id \
@@ -329,8 +332,9 @@ impl Relay {
                 "outbox lease ended before the broker answered and another relay took the rows: they are published again (consumers deduplicate by eventoId)"
             );
         }
+        let acknowledged_set: HashSet<&Uuid> = acknowledged.iter().collect();
         let unpublished: Vec<Uuid> =
-            events.iter().map(|event| event.id).filter(|id| !acknowledged.contains(id)).collect();
+            events.iter().map(|event| event.id).filter(|id| !acknowledged_set.contains(id)).collect();
         release(&mut *connection, owner, &unpublished).await?;
         metrics::counter!("outbox_publicados_total", "database" => database).increment(marked);
         Ok(Cycle { claimed: events.len(), published: acknowledged.len() })
@@ -382,7 +386,7 @@ impl Relay {
                     tracing::warn!(
                         database,
                         unanswered = answered.iter().filter(|answered| !**answered).count(),
-                        "outbox relay stopping: rows the broker has not acknowledged stay pending"
+                        "outbox relay stopping: rows the broker has not acknowledged stay pending and are released"
                     );
                     break;
                 }

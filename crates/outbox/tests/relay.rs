@@ -420,3 +420,21 @@ async fn a_relay_waiting_for_the_broker_keeps_renewing_its_lease() {
     shutdown.cancel();
     running.await.expect("relay stops");
 }
+
+#[tokio::test]
+async fn a_relay_takes_back_at_once_the_rows_it_still_leases_from_a_cycle_cut_short() {
+    let fixture = fixture(1).await;
+    let reader = fixture.reader();
+    let id = fixture.insert("CC-001", r#"{"n":1}"#).await;
+    let later = fixture.insert("CC-001", r#"{"n":2}"#).await;
+    let relay = fixture.relay(RelayOptions::fast("test"));
+    // a cycle of this instance leased the first row and lost its connection before the mark
+    let leased =
+        claim(&fixture.database.pool, relay.instance(), 1, Duration::from_secs(3600)).await.expect("claim");
+    assert_eq!(leased.len(), 1);
+    let mut connection = fixture.database.pool.acquire().await.expect("connection");
+    let cycle = relay.cycle(&mut connection, &CancellationToken::new()).await.expect("cycle");
+    assert_eq!(cycle, Cycle { claimed: 2, published: 2 }, "its own lease does not hold the relay back");
+    let order: Vec<String> = receive(&reader, 2).await.iter().map(event_id).collect();
+    assert_eq!(order, vec![id.to_string(), later.to_string()]);
+}

@@ -189,6 +189,11 @@ fn address(options: &PgConnectOptions) -> String {
     format!("{}:{}", options.get_host(), options.get_port())
 }
 
+/// `host:port/database`: what a connection error names, so the operator sees which database.
+fn address_and_database(options: &PgConnectOptions) -> String {
+    format!("{}/{}", address(options), options.get_database().unwrap_or_default())
+}
+
 /// How a service's pool is built.
 #[derive(Debug, Clone)]
 pub struct PoolSettings {
@@ -228,7 +233,9 @@ async fn first_read_write(
         match probe(server, timeout).await {
             Ok((connection, true)) => return Ok((index, connection)),
             Ok((_, false)) => tracing::debug!(server = address(server), "read-only server skipped"),
-            Err(source) => unreachable = Some(Error::Connect { address: address(server), source }),
+            Err(source) => {
+                unreachable = Some(Error::Connect { address: address_and_database(server), source })
+            }
         }
     }
     // one server: say why it failed; several: that none takes writes, or the last failure
@@ -277,7 +284,7 @@ pub async fn connect(url: &str, settings: &PoolSettings) -> Result<PgPool, Error
         })
         .connect_with(servers[current].clone())
         .await
-        .map_err(|source| Error::Connect { address: address(&servers[current]), source })?;
+        .map_err(|source| Error::Connect { address: address_and_database(&servers[current]), source })?;
     if servers.len() > 1 {
         tracing::info!(
             database = settings.database,

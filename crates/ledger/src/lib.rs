@@ -21,6 +21,7 @@
 
 pub mod api;
 pub mod error;
+pub mod republish;
 pub mod settlement;
 pub mod settler;
 pub mod store;

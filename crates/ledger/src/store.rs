@@ -221,8 +221,8 @@ impl Entries {
 
 /// An outcome event ready for the outbox.
 #[derive(Debug)]
-struct OutcomeEvent {
-    id: Uuid,
+pub(crate) struct OutcomeEvent {
+    pub(crate) id: Uuid,
     topic: String,
     key: String,
     event_type: EventType,
@@ -232,7 +232,7 @@ struct OutcomeEvent {
 }
 
 impl OutcomeEvent {
-    fn as_new_event(&self) -> outbox::NewEvent<'_> {
+    pub(crate) fn as_new_event(&self) -> outbox::NewEvent<'_> {
         outbox::NewEvent {
             id: self.id,
             topic: &self.topic,
@@ -247,7 +247,7 @@ impl OutcomeEvent {
 
 /// `TransferenciaLiquidada` or `TransferenciaRejeitada`, with ids derived from the transfer id
 /// (`"liquidada:"` / `"rejeitada-ledger:"`), so a re-run writes the same event.
-fn outcome_event(
+pub(crate) fn outcome_event(
     request: &Request,
     outcome: Outcome,
     at: Timestamp,

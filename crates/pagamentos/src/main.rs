@@ -77,13 +77,16 @@ enum Command {
     /// none is PENDENTE longer than `--pending-older-than` (4). Exit 1 and a report naming
     /// every break; 0 when clean.
     Verify(verify::VerifyArgs),
-    /// Send the request event (`TransferenciaSolicitada`) of stuck transfers again, rebuilt
-    /// from the transfers database and written to its outbox, so the transferencias relay
-    /// publishes it as it did the first time: every transfer PENDENTE longer than
-    /// `--pending-older-than` (default 5m), or the `--id`s given. For what `verify` reports as
-    /// PENDENTE too long and "not decided by the ledger". Safe to repeat: every stage is
-    /// idempotent by transfer id (a decided transfer moves no money again). Exit 1 when an
-    /// `--id` is unknown.
+    /// Send again the event stuck transfers wait for: every transfer PENDENTE longer than
+    /// `--pending-older-than` (default 5m), or the `--id`s given. Decided by the ledger: its
+    /// outcome event (`TransferenciaLiquidada`/`TransferenciaRejeitada`, the same `eventoId`),
+    /// rebuilt from the ledger's decision (a settlement checked against its entries) and
+    /// written to the ledger's outbox. Not decided by the ledger: its request event
+    /// (`TransferenciaSolicitada`), rebuilt from the transfers database and written to its
+    /// outbox. The services' relays publish them as the first time. Safe to repeat: every stage
+    /// is idempotent by transfer id (a decided transfer moves no money again) and every
+    /// consumer by `eventoId`. Exit 1 when an `--id` is unknown or the ledger's entries
+    /// disagree with the transfer.
     Republish(republish::RepublishArgs),
 }
 

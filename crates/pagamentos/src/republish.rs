@@ -1,9 +1,15 @@
-//! `pagamentos republish`: sends the `TransferenciaSolicitada` of stuck transfers again, from
-//! the transfers database, through its outbox (see [`transfers::republish`]). For a transfer
-//! that `verify` reports as `PENDENTE` too long and "not decided by the ledger": its request
-//! event was lost on the way (or a stage was down and its input expired). Every stage is
-//! idempotent by transfer id, so re-sending a transfer that was decided meanwhile changes
-//! nothing.
+//! `pagamentos republish`: sends again the event a stuck transfer waits for, the two cases of
+//! `verify`'s `pending-too-long`:
+//! - "not decided by the ledger": its `TransferenciaSolicitada` was lost on the way (or a stage
+//!   was down and its input expired). Rebuilt from the transfers database and written to its
+//!   outbox (see [`transfers::republish`]).
+//! - decided by the ledger, "its outcome event did not reach transferencias": the ledger's
+//!   outcome is pinned (a request sent again moves nothing and emits nothing), so its
+//!   `TransferenciaLiquidada`/`TransferenciaRejeitada` is rebuilt from the ledger's decision
+//!   and written to the ledger's outbox (see [`ledger::republish`]).
+//!
+//! Every stage is idempotent by transfer id and every consumer by `eventoId`, so sending a
+//! transfer that was decided meanwhile changes nothing.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -11,6 +17,9 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
+use ledger::republish::{self as outcomes, Reemitted};
+use ledger::settlement::Outcome;
+use ledger::store::OutcomeTopics;
 use transfers::republish::{self, Republished};
 
 use crate::database;
@@ -23,8 +32,8 @@ pub struct RepublishArgs {
     #[arg(long, value_parser = parse_duration, conflicts_with = "ids")]
     pending_older_than: Option<Duration>,
 
-    /// Only this transfer (repeatable), whatever its status: a decided one is sent again too,
-    /// and changes nothing downstream.
+    /// Only this transfer (repeatable), whatever its status: a decided one is sent again too
+    /// (its outcome event when the ledger decided it), and changes nothing downstream.
     #[arg(long = "id", value_name = "UUID")]
     ids: Vec<Uuid>,
 
@@ -41,6 +50,11 @@ pub struct RepublishArgs {
     )]
     transferencias_database_url: String,
 
+    /// PostgreSQL URL of the ledger database: its decisions say which event a transfer waits
+    /// for, and its outbox sends the outcome events again.
+    #[arg(long, env = "LEDGER_DATABASE_URL", default_value = ledger::DEFAULT_DATABASE_URL, hide_env_values = true)]
+    ledger_database_url: String,
+
     /// Prefix of every topic name, as the services run with (empty in production).
     #[arg(long = "topic-prefix", env = "PAGAMENTOS_TOPIC_PREFIX", default_value = "")]
     topic_prefix: String,
@@ -51,7 +65,12 @@ const DEFAULT_BOUND: Duration = Duration::from_secs(300);
 
 pub async fn run(args: RepublishArgs) -> anyhow::Result<ExitCode> {
     let pool = database::connect(&args.transferencias_database_url, 2).await?;
+    let ledger_pool = database::connect(&args.ledger_database_url, 2).await?;
     let topic = format!("{}{}", args.topic_prefix, contracts::topics::REQUESTED);
+    let outcome_topics = OutcomeTopics {
+        settled: format!("{}{}", args.topic_prefix, contracts::topics::SETTLED),
+        rejected: format!("{}{}", args.topic_prefix, contracts::topics::REJECTED),
+    };
     let (selected, missing) = if args.ids.is_empty() {
         let bound = args.pending_older_than.unwrap_or(DEFAULT_BOUND);
         (republish::stuck(&pool, bound).await?, Vec::new())
@@ -63,12 +82,57 @@ pub async fn run(args: RepublishArgs) -> anyhow::Result<ExitCode> {
     };
 
     let mut out = String::new();
-    let (mut queued, mut waiting) = (0, 0);
+    let (mut queued, mut waiting, mut disagreeing) = (0, 0, 0);
     let now =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
     for transfer in &selected {
         let age_s = now as i64 - transfer.criada_em.unix_timestamp();
         let what = format!("{} {} for {age_s} s", transfer.id, transfer.status);
+        // decided by the ledger: its outcome event is what the transfer waits for
+        let facts = ledger::settlement::Transfer {
+            transfer_id: transfer.id,
+            source: transfer.conta_origem.clone(),
+            destination: transfer.conta_destino.clone(),
+            amount_cents: transfer.valor_centavos,
+            currency: transfer.moeda.clone(),
+        };
+        match outcomes::outcome(&ledger_pool, &facts, &outcome_topics, args.dry_run).await {
+            Ok(Reemitted::NotDecided) => {}
+            Ok(Reemitted::Queued { event_id, outcome }) => {
+                queued += 1;
+                let decided = decided(outcome);
+                if args.dry_run {
+                    let _ = writeln!(
+                        out,
+                        "{what}: {decided} in the ledger: its outcome event {event_id} would be sent again"
+                    );
+                } else {
+                    tracing::info!(transfer_id = %transfer.id, %event_id, "outcome event queued again");
+                    let _ = writeln!(
+                        out,
+                        "{what}: {decided} in the ledger: its outcome event {event_id} queued again in the ledger's outbox"
+                    );
+                }
+                continue;
+            }
+            Ok(Reemitted::AlreadyWaiting { event_id, outcome }) => {
+                waiting += 1;
+                let _ = writeln!(
+                    out,
+                    "{what}: {} in the ledger: its outcome event {event_id} is still unpublished in the \
+                     ledger's outbox (the ledger's relay is behind or down: see \
+                     outbox_pendentes{{database=\"ledger\"}}), nothing added",
+                    decided(outcome)
+                );
+                continue;
+            }
+            Err(error @ outcomes::ReemitError::Disagrees { .. }) => {
+                disagreeing += 1;
+                let _ = writeln!(out, "{what}: {error}");
+                continue;
+            }
+            Err(outcomes::ReemitError::Store(error)) => return Err(error.into()),
+        }
         let outcome = if args.dry_run {
             match republish::waiting(&pool, transfer.id).await? {
                 Some(event_id) => Republished::AlreadyWaiting(event_id),
@@ -103,10 +167,18 @@ pub async fn run(args: RepublishArgs) -> anyhow::Result<ExitCode> {
     let verb = if args.dry_run { "would send" } else { "queued" };
     let _ = writeln!(
         out,
-        "republish: {verb} {queued}, {waiting} already waiting, {} not found{}",
+        "republish: {verb} {queued}, {waiting} already waiting, {} not found{}{}",
         missing.len(),
+        if disagreeing > 0 { format!(", {disagreeing} disagreeing with the ledger") } else { String::new() },
         if args.dry_run { " (dry run)" } else { "" }
     );
     print!("{out}");
-    Ok(if missing.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if missing.is_empty() && disagreeing == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+fn decided(outcome: Outcome) -> String {
+    match outcome {
+        Outcome::Settled => "LIQUIDADA".into(),
+        Outcome::Rejected(reason) => format!("REJEITADA ({reason})"),
+    }
 }

@@ -25,13 +25,24 @@ pub struct Context {
     pub revocations: Arc<Revocations>,
     /// Bound to one client by [`create`]; never shared with another.
     rebootstrap: Arc<Rebootstrap>,
+    /// The last time a broker refused this client (authentication, TLS), librdkafka's words:
+    /// behind a "broker transport failure" it is the reason an operator needs.
+    refusal: Arc<Mutex<Option<String>>>,
 }
 
 /// A clone shares the revocations, not the binding: a client created with a clone of another
 /// client's context must not add brokers to that other client.
 impl Clone for Context {
     fn clone(&self) -> Self {
-        Self { revocations: self.revocations.clone(), rebootstrap: Arc::default() }
+        Self { revocations: self.revocations.clone(), rebootstrap: Arc::default(), refusal: Arc::default() }
+    }
+}
+
+impl Context {
+    /// Why a broker last refused this client (failed SASL authentication, a TLS handshake or
+    /// certificate error), if one did.
+    pub fn refusal(&self) -> Option<String> {
+        self.refusal.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 }
 
@@ -146,6 +157,9 @@ impl ClientContext for Context {
     fn error(&self, error: KafkaError, reason: &str) {
         // librdkafka reports transient errors (a broker restart) here and recovers on its own
         tracing::warn!(target: "librdkafka", %error, reason, "kafka client error");
+        if is_refusal(&error) {
+            *self.refusal.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(reason.to_owned());
+        }
     }
 }
 
@@ -222,4 +236,18 @@ mod tests {
         revocations.record(&revoked);
         assert!(revocations.revoked_since("a", 1, after), "revoked again");
     }
+}
+
+/// An error that means the broker will not have this client as configured (credentials, TLS
+/// trust): no retry helps, unlike a broker that is down.
+fn is_refusal(error: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode;
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::Authentication
+                | RDKafkaErrorCode::SSL
+                | RDKafkaErrorCode::SaslAuthenticationFailed
+        )
+    )
 }

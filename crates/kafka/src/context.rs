@@ -191,6 +191,20 @@ impl ConsumerContext for Context {
     }
 }
 
+/// An error that means the broker will not have this client as configured (credentials, TLS
+/// trust): no retry helps, unlike a broker that is down.
+fn is_refusal(error: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode;
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::Authentication
+                | RDKafkaErrorCode::SSL
+                | RDKafkaErrorCode::SaslAuthenticationFailed
+        )
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -236,18 +250,4 @@ mod tests {
         revocations.record(&revoked);
         assert!(revocations.revoked_since("a", 1, after), "revoked again");
     }
-}
-
-/// An error that means the broker will not have this client as configured (credentials, TLS
-/// trust): no retry helps, unlike a broker that is down.
-fn is_refusal(error: &KafkaError) -> bool {
-    use rdkafka::types::RDKafkaErrorCode;
-    matches!(
-        error.rdkafka_error_code(),
-        Some(
-            RDKafkaErrorCode::Authentication
-                | RDKafkaErrorCode::SSL
-                | RDKafkaErrorCode::SaslAuthenticationFailed
-        )
-    )
 }

@@ -282,6 +282,7 @@ pub async fn ensure_at_start(args: &KafkaArgs, settings: &TopicArgs) -> Result<(
 /// Why the first metadata request failed: the broker's refusal when it refused this client
 /// (a wrong password, an untrusted certificate), else the broker counts as unreachable.
 fn unreachable(admin: &Admin, bootstrap: &str, source: rdkafka::error::KafkaError) -> Error {
+    crate::context::drain_main_queue(admin, admin.inner().context());
     match admin.inner().context().refusal() {
         Some(reason) => Error::Refused { bootstrap: bootstrap.to_owned(), reason },
         None => Error::Unreachable { bootstrap: bootstrap.to_owned(), source },

@@ -306,6 +306,8 @@ async fn topics_command_with(user: &str, prefix: &str, overrides: &[(&str, &str)
         .args(["topics", "--partitions", "1"])
         .env("KAFKA_BOOTSTRAP_SERVERS", secure::bootstrap_servers())
         .env("PAGAMENTOS_TOPIC_PREFIX", prefix)
+        // one secure broker: one replica, said explicitly
+        .env("PAGAMENTOS_ALLOW_UNDER_REPLICATED", "true")
         .envs(secure::security(user).to_env())
         .envs(overrides.iter().copied())
         .env("RUST_LOG", "warn")

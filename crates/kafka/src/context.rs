@@ -25,13 +25,24 @@ pub struct Context {
     pub revocations: Arc<Revocations>,
     /// Bound to one client by [`create`]; never shared with another.
     rebootstrap: Arc<Rebootstrap>,
+    /// The last time a broker refused this client (authentication, TLS), librdkafka's words:
+    /// behind a "broker transport failure" it is the reason an operator needs.
+    refusal: Arc<Mutex<Option<String>>>,
 }
 
 /// A clone shares the revocations, not the binding: a client created with a clone of another
 /// client's context must not add brokers to that other client.
 impl Clone for Context {
     fn clone(&self) -> Self {
-        Self { revocations: self.revocations.clone(), rebootstrap: Arc::default() }
+        Self { revocations: self.revocations.clone(), rebootstrap: Arc::default(), refusal: Arc::default() }
+    }
+}
+
+impl Context {
+    /// Why a broker last refused this client (failed SASL authentication, a TLS handshake or
+    /// certificate error), if one did.
+    pub fn refusal(&self) -> Option<String> {
+        self.refusal.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 }
 
@@ -124,6 +135,11 @@ impl Revocations {
 
 impl ClientContext for Context {
     fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        // an admin client's error events wait on a queue nobody polls; its log lines do not
+        if is_refusal_message(message) {
+            *self.refusal.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                Some(message.to_owned());
+        }
         match level {
             RDKafkaLogLevel::Emerg
             | RDKafkaLogLevel::Alert
@@ -146,6 +162,9 @@ impl ClientContext for Context {
     fn error(&self, error: KafkaError, reason: &str) {
         // librdkafka reports transient errors (a broker restart) here and recovers on its own
         tracing::warn!(target: "librdkafka", %error, reason, "kafka client error");
+        if is_refusal(&error) {
+            *self.refusal.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(reason.to_owned());
+        }
     }
 }
 
@@ -175,6 +194,87 @@ impl ConsumerContext for Context {
             Rebalance::Error(error) => tracing::warn!(%error, "rebalance error"),
         }
     }
+}
+
+/// An error that means the broker will not have this client as configured (credentials, TLS
+/// trust): no retry helps, unlike a broker that is down.
+fn is_refusal(error: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode;
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::Authentication
+                | RDKafkaErrorCode::SSL
+                | RDKafkaErrorCode::SaslAuthenticationFailed
+        )
+    )
+}
+
+/// Takes the events waiting on `client`'s main queue without blocking and hands its errors to
+/// the context (so [`Context::refusal`] knows a refusal) and its log lines to `tracing`. An
+/// admin client's main queue is polled by nobody (rdkafka's admin thread polls the queue of
+/// its requests): without this, "Authentication failed" would never reach the operator.
+pub fn drain_main_queue<T: KafkaClient>(client: &T, context: &Context) {
+    use rdkafka::bindings as rd;
+    use std::ffi::CStr;
+    // SAFETY: `client.native_ptr()` is the live `rd_kafka_t` of `client`, which the caller
+    // borrows for the whole call. `rd_kafka_queue_get_main` returns a new reference to its main
+    // queue, released by `rd_kafka_queue_destroy` below; `rd_kafka_queue_poll` with timeout 0
+    // returns an event owned by us (or NULL), released by `rd_kafka_event_destroy` after its
+    // strings, which live as long as the event, are copied.
+    #[allow(unsafe_code)]
+    unsafe {
+        let queue = rd::rd_kafka_queue_get_main(client.native_ptr());
+        if queue.is_null() {
+            return;
+        }
+        loop {
+            let event = rd::rd_kafka_queue_poll(queue, 0);
+            if event.is_null() {
+                break;
+            }
+            match rd::rd_kafka_event_type(event) {
+                rd::RD_KAFKA_EVENT_ERROR => {
+                    let code = rdkafka::types::RDKafkaErrorCode::from(rd::rd_kafka_event_error(event));
+                    let text = rd::rd_kafka_event_error_string(event);
+                    let reason = if text.is_null() {
+                        String::new()
+                    } else {
+                        CStr::from_ptr(text).to_string_lossy().into_owned()
+                    };
+                    context.error(KafkaError::Global(code), &reason);
+                }
+                rd::RD_KAFKA_EVENT_LOG => {
+                    let (mut facility, mut message, mut level) = (std::ptr::null(), std::ptr::null(), 0);
+                    if rd::rd_kafka_event_log(event, &mut facility, &mut message, &mut level) == 0
+                        && !message.is_null()
+                    {
+                        let text = CStr::from_ptr(message).to_string_lossy();
+                        match level {
+                            ..=3 => tracing::error!(target: "librdkafka", "{text}"),
+                            4 => tracing::warn!(target: "librdkafka", "{text}"),
+                            5 | 6 => tracing::info!(target: "librdkafka", "{text}"),
+                            _ => tracing::debug!(target: "librdkafka", "{text}"),
+                        }
+                        if is_refusal_message(&text) {
+                            *context.refusal.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                                Some(text.into_owned());
+                        }
+                    }
+                }
+                _ => {}
+            }
+            rd::rd_kafka_event_destroy(event);
+        }
+        rd::rd_kafka_queue_destroy(queue);
+    }
+}
+
+/// librdkafka's words for a broker that refused this client (its log lines carry no code).
+fn is_refusal_message(message: &str) -> bool {
+    ["SASL authentication error", "SSL handshake failed", "Authentication failed"]
+        .iter()
+        .any(|words| message.contains(words))
 }
 
 #[cfg(test)]

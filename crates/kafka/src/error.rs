@@ -14,6 +14,10 @@ pub enum Error {
         #[source]
         source: KafkaError,
     },
+    /// The broker answered and refused this client: failed SASL authentication, a TLS
+    /// handshake or certificate error. A setting to fix, not an outage to wait out.
+    #[error("Kafka at {bootstrap} refused the connection: {reason}")]
+    Refused { bootstrap: String, reason: String },
     /// A record was not acknowledged by the broker.
     #[error("produce to {topic} failed")]
     Produce {

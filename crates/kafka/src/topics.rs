@@ -83,7 +83,7 @@ async fn existing_topics(
     let client = admin.clone();
     let metadata = tokio::task::spawn_blocking(move || client.inner().fetch_metadata(None, CONNECT_TIMEOUT))
         .await?
-        .map_err(|source| Error::Unreachable { bootstrap: bootstrap.to_owned(), source })?;
+        .map_err(|source| unreachable(admin, bootstrap, source))?;
     Ok(metadata
         .topics()
         .iter()
@@ -203,7 +203,7 @@ async fn await_leaders(admin: &Arc<Admin>, bootstrap: &str, names: &[String]) ->
         let metadata =
             tokio::task::spawn_blocking(move || client.inner().fetch_metadata(None, CONNECT_TIMEOUT))
                 .await?
-                .map_err(|source| Error::Unreachable { bootstrap: bootstrap.to_owned(), source })?;
+                .map_err(|source| unreachable(admin, bootstrap, source))?;
         let ready = |name: &String| {
             metadata.topics().iter().any(|topic| {
                 topic.name() == name
@@ -277,4 +277,14 @@ pub async fn ensure_at_start(args: &KafkaArgs, settings: &TopicArgs) -> Result<(
         tracing::warn!(report = %report, "existing topics differ from the configuration");
     }
     Ok(())
+}
+
+/// Why the first metadata request failed: the broker's refusal when it refused this client
+/// (a wrong password, an untrusted certificate), else the broker counts as unreachable.
+fn unreachable(admin: &Admin, bootstrap: &str, source: rdkafka::error::KafkaError) -> Error {
+    crate::context::drain_main_queue(admin, admin.inner().context());
+    match admin.inner().context().refusal() {
+        Some(reason) => Error::Refused { bootstrap: bootstrap.to_owned(), reason },
+        None => Error::Unreachable { bootstrap: bootstrap.to_owned(), source },
+    }
 }

@@ -297,11 +297,19 @@ async fn clients_without_credentials_with_a_wrong_password_or_another_ca_are_ref
 
 /// `pagamentos topics` as `user` on the topics behind `prefix`: (exit code, output).
 async fn topics_command(user: &str, prefix: &str) -> (i32, String) {
+    topics_command_with(user, prefix, &[]).await
+}
+
+/// [`topics_command`] with `overrides` of the environment.
+async fn topics_command_with(user: &str, prefix: &str, overrides: &[(&str, &str)]) -> (i32, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_pagamentos"))
         .args(["topics", "--partitions", "1"])
         .env("KAFKA_BOOTSTRAP_SERVERS", secure::bootstrap_servers())
         .env("PAGAMENTOS_TOPIC_PREFIX", prefix)
+        // one secure broker: one replica, said explicitly
+        .env("PAGAMENTOS_ALLOW_UNDER_REPLICATED", "true")
         .envs(secure::security(user).to_env())
+        .envs(overrides.iter().copied())
         .env("RUST_LOG", "warn")
         .output()
         .await
@@ -328,4 +336,31 @@ async fn only_the_operator_creates_topics() {
     kafka::topics::delete(&cleanup, &names_ref).await.expect("delete the test's topics");
     assert_eq!(code, 0, "{output}");
     assert_eq!(output.matches("created").count(), names.len(), "{output}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the secure broker: scripts/stack secure up"]
+async fn a_command_refused_by_the_broker_says_why_not_only_that_it_is_unreachable() {
+    let prefix = format!("{}.", testkit::unique("t"));
+    let (code, output) =
+        topics_command_with("operador", &prefix, &[("KAFKA_SASL_PASSWORD", "not-the-password")]).await;
+    assert_eq!(code, 1, "{output}");
+    let bootstrap = secure::bootstrap_servers();
+    assert!(output.contains(&format!("Kafka at {bootstrap} refused the connection")), "{output}");
+    assert!(output.contains("Authentication failed"), "{output}");
+    assert!(!output.contains("not-the-password"), "the password leaked: {output}");
+
+    let dir = std::env::temp_dir().join(testkit::unique("other-ca"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let other_ca = another_ca(&dir);
+    let (code, output) = topics_command_with(
+        "operador",
+        &prefix,
+        &[("KAFKA_SSL_CA_LOCATION", other_ca.to_str().expect("utf-8 path"))],
+    )
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(code, 1, "{output}");
+    assert!(output.contains(&format!("Kafka at {bootstrap} refused the connection")), "{output}");
+    assert!(output.contains("certificate verify failed"), "{output}");
 }

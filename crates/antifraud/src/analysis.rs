@@ -31,16 +31,28 @@ use contracts::{
 
 use crate::scoring::Scorer;
 
-/// The `kafka_dlt-exception-fqcn` of a record that is not a valid `TransferenciaSolicitada`.
+/// The `kafka_dlt-exception-fqcn` of a record that is not a valid `TransferenciaSolicitada`:
+/// [`MalformedEvent`]'s type path (a unit test holds them equal).
 pub const MALFORMED_EVENT: &str = "antifraud::analysis::MalformedEvent";
 
 /// A record that is not a valid `TransferenciaSolicitada`.
 #[derive(Debug, thiserror::Error)]
 pub enum MalformedEvent {
-    #[error("not a valid TransferenciaSolicitada: {0}")]
+    #[error("not a valid TransferenciaSolicitada")]
     Json(#[source] serde_json::Error),
     #[error("not a valid TransferenciaSolicitada: valorEmCentavos must be greater than 0, got {0}")]
     Amount(i64),
+}
+
+impl MalformedEvent {
+    /// `kafka_dlt-exception-cause-fqcn`: the underlying error's type, or this type where
+    /// there is none.
+    pub fn cause_fqcn(&self) -> &'static str {
+        match self {
+            Self::Json(_) => std::any::type_name::<serde_json::Error>(),
+            Self::Amount(_) => std::any::type_name::<Self>(),
+        }
+    }
 }
 
 /// Why a batch is retried.
@@ -130,8 +142,8 @@ impl Analyser {
         let event = match decode(input) {
             Ok(event) => event,
             Err(error) => {
-                let failure = Failure::new(MALFORMED_EVENT, "serde_json::Error", &error);
-                tracing::warn!(topic = input.topic(), partition = input.partition(), offset = input.offset(), %error, "poison record to the dead-letter topic");
+                let failure = Failure::new(MALFORMED_EVENT, error.cause_fqcn(), &error);
+                tracing::warn!(topic = input.topic(), partition = input.partition(), offset = input.offset(), error = %telemetry::error_chain(&error), "poison record to the dead-letter topic");
                 return Ok(dead_letter(input, &self.group, &failure));
             }
         };
@@ -316,5 +328,16 @@ impl Handler for Analyser {
         }
         // records of revoked partitions included: in a transaction nothing is stored for them
         Ok(Verdict::all_done(batch))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dead_letter_exception_names_a_type_that_exists() {
+        assert_eq!(MALFORMED_EVENT, std::any::type_name::<MalformedEvent>());
+        assert_eq!(MalformedEvent::Amount(0).cause_fqcn(), MALFORMED_EVENT);
     }
 }

@@ -106,7 +106,7 @@ pub enum OutcomeEvent {
 
 /// A record that is not the outcome event its topic carries.
 #[derive(Debug, thiserror::Error)]
-#[error("not a valid {expected} event: {source}")]
+#[error("not a valid {expected} event")]
 pub struct MalformedEvent {
     pub expected: &'static str,
     #[source]

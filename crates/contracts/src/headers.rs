@@ -110,7 +110,7 @@ pub enum HeaderDecodeError {
     Length { expected: usize, actual: usize },
     #[error("a BigInteger needs 1 to 8 bytes here, got {0}")]
     BigIntegerLength(usize),
-    #[error("not UTF-8: {0}")]
+    #[error("not UTF-8")]
     Utf8(#[from] std::str::Utf8Error),
     #[error("unknown timestamp type {0:?}")]
     TimestampType(String),

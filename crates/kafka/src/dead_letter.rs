@@ -23,7 +23,7 @@ use crate::Error;
 /// Why a record is dead: what Spring would take from the exception.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failure {
-    /// Our error's type path, e.g. `ledger::error::MalformedEvent`.
+    /// Our error's type path, e.g. `ledger::settler::MalformedEvent`.
     pub exception_fqcn: String,
     /// The type path of its cause; never empty: Spring always writes
     /// `*exception-cause-fqcn`, so a failure with no underlying error names the type that

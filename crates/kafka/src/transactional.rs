@@ -21,6 +21,9 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// ([`Error::TransactionStuck`]): its own timeout and a margin.
 pub const STUCK_AFTER: Duration = Duration::from_secs(35);
 
+// a call given CALL_TIMEOUT must be able to time out on its own before it counts as stuck
+const _: () = assert!(CALL_TIMEOUT.as_millis() < STUCK_AFTER.as_millis());
+
 /// Waits until librdkafka counts nothing outstanding (`rd_kafka_outq_len`), at most `timeout`;
 /// returns what is left of `timeout`.
 ///

@@ -36,17 +36,30 @@ use crate::error::{FailureKind, StoreError};
 use crate::settlement::{Outcome, Transfer};
 use crate::store::{self, OutcomeTopics, Request};
 
-/// `kafka_dlt-exception-fqcn` of a record that is not a valid `TransferenciaAnalisada`.
-pub const MALFORMED_EVENT: &str = "ledger::error::MalformedEvent";
-/// `kafka_dlt-exception-fqcn` of a record whose retries ran out.
-pub const RETRIES_EXHAUSTED: &str = "ledger::error::RetriesExhausted";
-/// `kafka_dlt-exception-fqcn` of a record that can never be applied.
-pub const UNPROCESSABLE: &str = "ledger::error::Unprocessable";
+/// `kafka_dlt-exception-fqcn` of a record that is not a valid `TransferenciaAnalisada`: the
+/// type path of [`MalformedEvent`] (each of these names is held equal to its type's
+/// `std::any::type_name` by a unit test, so it always names a type that exists).
+pub const MALFORMED_EVENT: &str = "ledger::settler::MalformedEvent";
+/// `kafka_dlt-exception-fqcn` of a record whose retries ran out: [`RetriesExhausted`].
+pub const RETRIES_EXHAUSTED: &str = "ledger::settler::RetriesExhausted";
+/// `kafka_dlt-exception-fqcn` of a record that can never be applied: [`Unprocessable`].
+pub const UNPROCESSABLE: &str = "ledger::settler::Unprocessable";
+
+/// A record that failed transiently until its retries ran out: its dead letter's exception.
+#[derive(Debug, thiserror::Error)]
+#[error("retries exhausted")]
+pub struct RetriesExhausted(#[source] pub StoreError);
+
+/// A record the database refuses for good (a data error, SQLSTATE class 22 or 23): its dead
+/// letter's exception.
+#[derive(Debug, thiserror::Error)]
+#[error("the record can never be applied")]
+pub struct Unprocessable(#[source] pub StoreError);
 
 /// A record that is not a valid `TransferenciaAnalisada`.
 #[derive(Debug, thiserror::Error)]
 pub enum MalformedEvent {
-    #[error("not a valid TransferenciaAnalisada: {0}")]
+    #[error("not a valid TransferenciaAnalisada")]
     Json(#[source] serde_json::Error),
     #[error("not a valid TransferenciaAnalisada: valorEmCentavos must be greater than 0, got {0}")]
     Amount(i64),
@@ -85,16 +98,21 @@ impl Settler {
                 Err(error) => match error.kind() {
                     FailureKind::Infrastructure => return Err(error),
                     FailureKind::Permanent => {
+                        let cause = cause_fqcn(&error);
                         verdicts[*index] = Some(Verdict::DeadLetter(Failure::new(
                             UNPROCESSABLE,
-                            cause_name(&error),
-                            &error,
+                            cause,
+                            &Unprocessable(error),
                         )));
                     }
                     FailureKind::Transient => {
                         tracing::info!(transfer_id = %request.transfer.transfer_id, error = %telemetry::error_chain(&error), "transient failure of the record");
-                        verdicts[*index] =
-                            Some(Verdict::Retry(Failure::new(RETRIES_EXHAUSTED, cause_name(&error), &error)));
+                        let cause = cause_fqcn(&error);
+                        verdicts[*index] = Some(Verdict::Retry(Failure::new(
+                            RETRIES_EXHAUSTED,
+                            cause,
+                            &RetriesExhausted(error),
+                        )));
                         return Ok(());
                     }
                 },
@@ -127,13 +145,26 @@ impl Settler {
     }
 }
 
-/// The type name of an error's immediate cause, for `kafka_dlt-exception-cause-fqcn`.
-fn cause_name(error: &StoreError) -> &'static str {
+/// The type path of an error's underlying cause, for `kafka_dlt-exception-cause-fqcn`.
+fn cause_fqcn(error: &StoreError) -> &'static str {
+    use std::any::type_name;
     match error {
-        StoreError::Unavailable(_) | StoreError::Database(_) | StoreError::Outbox(_) => "sqlx::Error",
-        StoreError::Encode(_) => "serde_json::Error",
-        StoreError::DecidedConcurrently(_) => "ledger::error::StoreError",
-        StoreError::Overflow(_) => "ledger::settlement::Overflow",
+        StoreError::Unavailable(_) | StoreError::Database(_) => type_name::<sqlx::Error>(),
+        StoreError::Outbox(_) => type_name::<outbox::Error>(),
+        StoreError::Encode(_) => type_name::<serde_json::Error>(),
+        StoreError::DecidedConcurrently(_) => type_name::<StoreError>(),
+        StoreError::Overflow(_) => type_name::<crate::settlement::Overflow>(),
+    }
+}
+
+impl MalformedEvent {
+    /// `kafka_dlt-exception-cause-fqcn`: the underlying error's type, or this type where
+    /// there is none.
+    pub fn cause_fqcn(&self) -> &'static str {
+        match self {
+            Self::Json(_) => std::any::type_name::<serde_json::Error>(),
+            Self::Amount(_) | Self::SameAccount(_) => std::any::type_name::<Self>(),
+        }
     }
 }
 
@@ -187,7 +218,7 @@ impl Handler for Settler {
                 Ok(request) => requests.push((index, request)),
                 Err(error) => {
                     verdicts[index] =
-                        Some(Verdict::DeadLetter(Failure::new(MALFORMED_EVENT, "serde_json::Error", &error)))
+                        Some(Verdict::DeadLetter(Failure::new(MALFORMED_EVENT, error.cause_fqcn(), &error)))
                 }
             }
         }
@@ -231,4 +262,29 @@ impl Handler for Settler {
 /// How long the runtime's blocking retries of one record may take at most, for logs and docs.
 pub fn worst_case_retry_time(policy: &RetryPolicy) -> Duration {
     policy.worst_case()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::any::type_name;
+
+    #[test]
+    fn each_dead_letter_exception_names_a_type_that_exists() {
+        assert_eq!(MALFORMED_EVENT, type_name::<MalformedEvent>());
+        assert_eq!(RETRIES_EXHAUSTED, type_name::<RetriesExhausted>());
+        assert_eq!(UNPROCESSABLE, type_name::<Unprocessable>());
+        assert_eq!(MalformedEvent::Amount(0).cause_fqcn(), MALFORMED_EVENT, "no underlying cause: itself");
+        let json = serde_json::from_str::<TransferAnalysed>("{").expect_err("not JSON");
+        assert_eq!(MalformedEvent::Json(json).cause_fqcn(), type_name::<serde_json::Error>());
+    }
+
+    #[test]
+    fn a_dead_letter_says_its_cause_once() {
+        let json = serde_json::from_str::<TransferAnalysed>("{").expect_err("not JSON");
+        let detail = json.to_string();
+        let failure = Failure::new(MALFORMED_EVENT, "x", &MalformedEvent::Json(json));
+        assert_eq!(failure.message.matches(&detail).count(), 1, "{}", failure.message);
+        assert_eq!(failure.stacktrace.matches(&detail).count(), 1, "{}", failure.stacktrace);
+    }
 }

@@ -155,7 +155,11 @@ pub async fn settle(
         // let the retry see the other instance's decision
         let claimed: HashSet<Uuid> =
             claimed.iter().filter_map(|row| row.try_get::<Uuid, _>(0).ok()).collect();
-        let lost = ids.iter().find(|id| !claimed.contains(id)).copied().unwrap_or_default();
+        let lost = ids
+            .iter()
+            .find(|id| !claimed.contains(id))
+            .copied()
+            .expect("fewer decisions claimed than ids (all distinct): one id is unclaimed");
         return Err(StoreError::DecidedConcurrently(lost));
     }
 
@@ -175,6 +179,15 @@ pub async fn settle(
         .execute(&mut *transaction)
         .await?;
     }
+    // the invariants the books rest on, checked before they are committed: every settlement is
+    // one debit and one credit of the same amount, and the balances moved by exactly the
+    // entries (so Σ balances per currency stays 0)
+    assert!(entries.balanced(), "settlement entries do not balance: {entries:?}");
+    let moved: i128 = changed
+        .iter()
+        .map(|(id, balance)| i128::from(*balance) - i128::from(before.get(*id).copied().unwrap_or_default()))
+        .sum();
+    assert_eq!(moved, 0, "settlement moved balances by a non-zero sum: {changed:?}");
     entries.insert(&mut transaction, at).await?;
     let new_events: Vec<outbox::NewEvent<'_>> = events.iter().map(OutcomeEvent::as_new_event).collect();
     outbox::insert_many(&mut transaction, &new_events).await?;
@@ -193,10 +206,22 @@ struct Entries {
 
 impl Entries {
     fn push(&mut self, transfer_id: Uuid, account: &str, kind: &'static str, amount_cents: i64) {
+        assert!(amount_cents > 0, "an entry of {amount_cents} cents");
         self.transfer_ids.push(transfer_id);
         self.accounts.push(account.to_owned());
         self.kinds.push(kind);
         self.amounts.push(amount_cents);
+    }
+
+    /// Σ debits = Σ credits, per transfer: each transfer's entries are a debit and a credit of
+    /// the same amount.
+    fn balanced(&self) -> bool {
+        let mut per_transfer: HashMap<Uuid, i128> = HashMap::new();
+        for ((transfer_id, kind), amount) in self.transfer_ids.iter().zip(&self.kinds).zip(&self.amounts) {
+            let signed = if *kind == "D" { -i128::from(*amount) } else { i128::from(*amount) };
+            *per_transfer.entry(*transfer_id).or_default() += signed;
+        }
+        per_transfer.values().all(|sum| *sum == 0)
     }
 
     async fn insert(&self, connection: &mut PgConnection, at: OffsetDateTime) -> Result<(), sqlx::Error> {
@@ -558,4 +583,30 @@ pub async fn outcome(
             .fetch_optional(&mut *connection)
             .await?;
     Ok(row)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_balance_per_transfer_not_only_in_total() {
+        let (one, two) = (Uuid::new_v4(), Uuid::new_v4());
+        let mut entries = Entries::default();
+        entries.push(one, "A", "D", 100);
+        entries.push(one, "B", "C", 100);
+        assert!(entries.balanced());
+        // the totals match, each transfer does not
+        entries.push(two, "A", "D", 50);
+        entries.push(one, "B", "C", 50);
+        entries.push(two, "B", "C", 1);
+        entries.push(one, "A", "D", 1);
+        assert!(!entries.balanced());
+    }
+
+    #[test]
+    #[should_panic(expected = "an entry of 0 cents")]
+    fn an_entry_of_nothing_is_a_bug() {
+        Entries::default().push(Uuid::new_v4(), "A", "D", 0);
+    }
 }

@@ -17,8 +17,9 @@ use crate::domain::Status;
 use crate::error::StoreError;
 use crate::store::{self, Outcome};
 
-/// The `kafka_dlt-exception-fqcn` of an unreadable outcome event.
-pub const MALFORMED_EVENT: &str = "transfers::projection::MalformedEvent";
+/// The `kafka_dlt-exception-fqcn` of an unreadable outcome event: the type path of
+/// [`contracts::MalformedEvent`] (a unit test holds them equal).
+pub const MALFORMED_EVENT: &str = "contracts::events::MalformedEvent";
 
 /// Why a batch must be retried.
 #[derive(Debug, thiserror::Error)]
@@ -92,9 +93,19 @@ impl Handler for Projection {
             }
         }
         for (record, error) in poison {
-            let failure = Failure::new(MALFORMED_EVENT, "serde_json::Error", &error);
+            let failure = Failure::new(MALFORMED_EVENT, std::any::type_name::<serde_json::Error>(), &error);
             self.dead_letters.publish(record, &failure).await?;
         }
         Ok(Verdict::all_done(batch))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dead_letter_exception_names_a_type_that_exists() {
+        assert_eq!(MALFORMED_EVENT, std::any::type_name::<MalformedEvent>());
     }
 }

@@ -90,7 +90,7 @@ async fn unknown_transfers_are_skipped_and_poison_goes_to_the_dead_letter_topic(
     for letter in &letters {
         assert_eq!(
             common::header(letter, "kafka_dlt-exception-fqcn").as_deref(),
-            Some("transfers::projection::MalformedEvent")
+            Some(transfers::projection::MALFORMED_EVENT)
         );
         assert_eq!(
             common::header(letter, "kafka_dlt-original-consumer-group"),

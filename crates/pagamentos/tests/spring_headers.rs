@@ -147,7 +147,7 @@ async fn kafka_clients_read_our_retry_records_and_dead_letters_as_spring_does() 
         format!("blocking-topic={requested}"),
         format!("blocking-group={}", topics.args.group(topics::groups::ANTIFRAUD)),
         format!("blocking-exception={}", antifraud::analysis::MALFORMED_EVENT),
-        "blocking-cause=serde_json::Error".to_owned(),
+        format!("blocking-cause={}", std::any::type_name::<serde_json::Error>()),
     ];
     let (passed, output) = header_check(&libs, &args).await;
     eprintln!("{output}");

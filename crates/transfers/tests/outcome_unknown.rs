@@ -44,18 +44,26 @@ impl CommitCutter {
 }
 
 /// Client → server is read message by message (startup message first, untyped); server →
-/// client is copied as is until the gate closes.
+/// client is copied as is until the gate closes. After a cut COMMIT the proxy waits for the
+/// server's answer (swallowed) before it drops the connections: the commit is then done for
+/// certain when the service sees end-of-file, and nothing races the test's count.
 async fn relay(client: TcpStream, server: TcpStream, armed: Arc<AtomicBool>, cuts: Arc<AtomicUsize>) {
     let (mut from_client, mut to_client) = client.into_split();
     let (mut from_server, mut to_server) = server.into_split();
     let gate = Arc::new(AtomicBool::new(false));
     let closed = gate.clone();
+    let answered = Arc::new(tokio::sync::Notify::new());
+    let server_answered = answered.clone();
     let down = tokio::spawn(async move {
         let mut buffer = vec![0u8; 64 * 1024];
         loop {
             let Ok(read) = from_server.read(&mut buffer).await else { return };
             // the gate closes before COMMIT is forwarded: its answer never reaches the client
-            if read == 0 || closed.load(Ordering::SeqCst) {
+            if closed.load(Ordering::SeqCst) {
+                server_answered.notify_one();
+                return;
+            }
+            if read == 0 {
                 return;
             }
             if to_client.write_all(&buffer[..read]).await.is_err() {
@@ -103,6 +111,8 @@ async fn relay(client: TcpStream, server: TcpStream, armed: Arc<AtomicBool>, cut
         }
         if cut {
             let _ = to_server.flush().await;
+            // the server's answer means the COMMIT was executed; a failure detector bound only
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(60), answered.notified()).await;
             cuts.fetch_add(1, Ordering::SeqCst);
             break; // both halves dropped: the client reads end-of-file instead of the answer
         }

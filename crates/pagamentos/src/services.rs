@@ -40,6 +40,10 @@ pub struct AntifraudCommand {
     #[command(flatten)]
     antifraud: antifraud::AntifraudArgs,
 
+    /// The admin token that shows `/readyz`'s detail.
+    #[command(flatten)]
+    auth: telemetry::health::HealthAuthArgs,
+
     #[command(flatten)]
     common: CommonArgs,
 }
@@ -60,6 +64,10 @@ pub struct LedgerCommand {
 pub struct NotificationsCommand {
     #[command(flatten)]
     notifications: notifications::NotificationsArgs,
+
+    /// The admin token that shows `/readyz`'s detail.
+    #[command(flatten)]
+    auth: telemetry::health::HealthAuthArgs,
 
     #[command(flatten)]
     common: CommonArgs,
@@ -138,6 +146,7 @@ pub async fn transfers(command: TransfersCommand) -> anyhow::Result<ExitCode> {
         kafka: command.common.kafka,
         topics: command.common.topics,
         profile: command.common.profile,
+        metrics: telemetry::health::MetricsRoute::ServicePort,
     };
     serve("transferencias", |supervisor| async move { transfers::start(settings, &supervisor).await }).await
 }
@@ -146,9 +155,11 @@ pub async fn antifraud(command: AntifraudCommand) -> anyhow::Result<ExitCode> {
     command.common.replication.check(&command.common.topics)?;
     let settings = antifraud::Settings {
         args: command.antifraud,
+        auth: command.auth,
         kafka: command.common.kafka,
         topics: command.common.topics,
         profile: command.common.profile,
+        metrics: telemetry::health::MetricsRoute::ServicePort,
     };
     serve("antifraude", |supervisor| async move { antifraud::start(settings, &supervisor).await }).await
 }
@@ -161,6 +172,7 @@ pub async fn ledger(command: LedgerCommand) -> anyhow::Result<ExitCode> {
         kafka: command.common.kafka,
         topics: command.common.topics,
         profile: command.common.profile,
+        metrics: telemetry::health::MetricsRoute::ServicePort,
     };
     serve("ledger", |supervisor| async move { ledger::start(settings, &supervisor).await }).await
 }
@@ -169,9 +181,11 @@ pub async fn notifications(command: NotificationsCommand) -> anyhow::Result<Exit
     command.common.replication.check(&command.common.topics)?;
     let settings = notifications::Settings {
         args: command.notifications,
+        auth: command.auth,
         kafka: command.common.kafka,
         topics: command.common.topics,
         profile: command.common.profile,
+        metrics: telemetry::health::MetricsRoute::ServicePort,
     };
     serve("notificacoes", |supervisor| async move { notifications::start(settings, &supervisor).await }).await
 }
@@ -190,6 +204,7 @@ pub async fn all(command: AllCommand) -> anyhow::Result<ExitCode> {
     } = command;
     serve("all", |supervisor| async move {
         let CommonArgs { kafka, topics, profile, .. } = common;
+        let metrics = telemetry::health::MetricsRoute::ServicePort;
         // downstream first, so nothing the upstream services publish waits for a consumer
         let ledger = ledger::start(
             ledger::Settings {
@@ -198,6 +213,7 @@ pub async fn all(command: AllCommand) -> anyhow::Result<ExitCode> {
                 kafka: kafka.clone(),
                 topics: topics.clone(),
                 profile,
+                metrics,
             },
             &supervisor,
         )
@@ -206,9 +222,11 @@ pub async fn all(command: AllCommand) -> anyhow::Result<ExitCode> {
         let notifications = notifications::start(
             notifications::Settings {
                 args: notifications_args,
+                auth: auth.health(),
                 kafka: kafka.clone(),
                 topics: topics.clone(),
                 profile,
+                metrics,
             },
             &supervisor,
         )
@@ -217,16 +235,18 @@ pub async fn all(command: AllCommand) -> anyhow::Result<ExitCode> {
         let antifraud = antifraud::start(
             antifraud::Settings {
                 args: antifraud_args,
+                auth: auth.health(),
                 kafka: kafka.clone(),
                 topics: topics.clone(),
                 profile,
+                metrics,
             },
             &supervisor,
         )
         .await
         .map_err(AllError::Antifraud)?;
         let transfers = transfers::start(
-            transfers::Settings { args: transfers_args, auth, kafka, topics, profile },
+            transfers::Settings { args: transfers_args, auth, kafka, topics, profile, metrics },
             &supervisor,
         )
         .await

@@ -125,6 +125,7 @@ impl TestLedger {
             kafka: self.topics.args.clone(),
             topics: kafka::TopicArgs { partitions: self.partitions, replicas: 1 },
             profile: kafka::Profile::Fast,
+            metrics: telemetry::health::MetricsRoute::ServicePort,
         };
         let shutdown = CancellationToken::new();
         let tracker = TaskTracker::new();

@@ -45,7 +45,8 @@ pub struct AuthArgs {
     pub api_token: Option<String>,
 
     /// Bearer token of the admin routes (opening accounts, deposits), also accepted wherever the
-    /// API token is; must differ from it (required unless `--insecure-no-auth`).
+    /// API token is, and the only one that reads `/readyz`'s detail (why not ready, warnings);
+    /// must differ from the API token (required unless `--insecure-no-auth`).
     #[arg(long, env = "PAGAMENTOS_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
 

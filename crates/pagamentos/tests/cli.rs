@@ -248,7 +248,7 @@ type Refusal = (&'static str, &'static [(&'static str, &'static str)], &'static 
 
 #[test]
 fn services_refuse_to_start_without_auth_or_a_webhook_secret() {
-    let cases: [Refusal; 5] = [
+    let cases: [Refusal; 6] = [
         ("all", &[], "authentication is required"),
         ("transferencias", &[("PAGAMENTOS_API_TOKEN", "api")], "missing: PAGAMENTOS_ADMIN_TOKEN"),
         ("ledger", &[("PAGAMENTOS_API_TOKEN", "same"), ("PAGAMENTOS_ADMIN_TOKEN", "same")], "must differ"),
@@ -261,6 +261,12 @@ fn services_refuse_to_start_without_auth_or_a_webhook_secret() {
             "notificacoes",
             &[("NOTIFICACOES_WEBHOOK_URL", "http://127.0.0.1:1/hooks")],
             "NOTIFICACOES_WEBHOOK_SECRET",
+        ),
+        // no API, but the admin token for /readyz's detail: the same rule as the APIs
+        (
+            "antifraude",
+            &[("PAGAMENTOS_ADMIN_TOKEN", "adm"), ("PAGAMENTOS_INSECURE_NO_AUTH", "true")],
+            "choose one",
         ),
     ];
     for (subcommand, env, says) in cases {

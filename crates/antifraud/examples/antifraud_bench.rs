@@ -79,9 +79,12 @@ async fn run(profile: Profile, backlog: usize, steady_seconds: u64) -> serde_jso
             batch_records: 500,
             batch_wait_ms: 0,
         },
+        // no admin token: /readyz answers its status line only
+        auth: telemetry::health::HealthAuthArgs::default(),
         kafka: topics.args.clone(),
         topics: kafka::TopicArgs { partitions: 12, replicas: 1 },
         profile,
+        metrics: telemetry::health::MetricsRoute::ServicePort,
     };
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();

@@ -31,7 +31,8 @@ use kafka::{KafkaArgs, Profile, TopicArgs};
 /// Options of `pagamentos antifraude`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct AntifraudArgs {
-    /// Address of `/healthz`, `/readyz` and `/metrics`.
+    /// Address of `/healthz`, `/readyz` and `/metrics` (`/metrics` elsewhere with
+    /// `--metrics-listen`).
     #[arg(
         id = "antifraude_listen",
         value_name = "LISTEN",
@@ -79,9 +80,13 @@ pub struct AntifraudArgs {
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub args: AntifraudArgs,
+    /// Who may read `/readyz`'s detail: the admin token, or everyone with `--insecure-no-auth`.
+    pub auth: telemetry::health::HealthAuthArgs,
     pub kafka: KafkaArgs,
     pub topics: TopicArgs,
     pub profile: Profile,
+    /// `/metrics` on the health port (the default), or on the process's own metrics listener.
+    pub metrics: telemetry::health::MetricsRoute,
 }
 
 /// The host name, for the default instance id.
@@ -98,7 +103,8 @@ fn host_name() -> String {
 /// routes on `supervisor`, each a named critical task. Returns the health address.
 pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<SocketAddr, Error> {
     let shutdown = supervisor.shutdown_token();
-    let Settings { args, kafka, topics: topic_args, profile } = settings;
+    let Settings { args, auth, kafka, topics: topic_args, profile, metrics } = settings;
+    let detail = auth.resolve("antifraude")?;
     kafka::topics::ensure_at_start(&kafka, &topic_args).await?;
     let instance = args.instance_id.clone().unwrap_or_else(host_name);
     let transactional_id = format!("{}{instance}", args.transactional_id_prefix);
@@ -127,8 +133,10 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
     let probe = Producer::new(&producer_config(&kafka, "antifraude-health", profile.linger()))?;
     let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> =
         vec![Arc::new(kafka::health::KafkaReady::new(probe, input.clone()))];
-    let app =
-        telemetry::health::router_supervised(checks, telemetry::metrics::install(), Vec::new(), supervisor);
+    let readiness = telemetry::health::Readiness::new(checks, detail)
+        .with_warnings(auth.warnings())
+        .supervised_by(supervisor);
+    let app = telemetry::health::router(readiness, metrics);
     // after the recorder is installed (with the router above), before /readyz answers
     kafka::alerting::export_at_zero(std::slice::from_ref(&input), std::slice::from_ref(&input));
     let (bound, serve) =
@@ -165,6 +173,8 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
 pub enum Error {
     #[error(transparent)]
     Kafka(#[from] kafka::Error),
+    #[error(transparent)]
+    Auth(#[from] telemetry::health::HealthAuthError),
     #[error("cannot listen on {address}")]
     Bind {
         address: String,

@@ -40,9 +40,12 @@ async fn start(topics: &TestTopics, instance: &str) -> Running {
             batch_records: 500,
             batch_wait_ms: 5,
         },
+        // no admin token: /readyz answers its status line only (its detail is not under test here)
+        auth: telemetry::health::HealthAuthArgs::default(),
         kafka: topics.args.clone(),
         topics: kafka::TopicArgs { partitions: 2, replicas: 1 },
         profile: kafka::Profile::Fast,
+        metrics: telemetry::health::MetricsRoute::ServicePort,
     };
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();

@@ -31,9 +31,12 @@ async fn a_broker_restart_mid_stream_loses_and_doubles_nothing() {
             batch_records: 50,
             batch_wait_ms: 5,
         },
+        // no admin token: /readyz answers its status line only (its detail is not under test here)
+        auth: telemetry::health::HealthAuthArgs::default(),
         kafka: topics.args.clone(),
         topics: kafka::TopicArgs { partitions: 3, replicas: 1 },
         profile: kafka::Profile::Fast,
+        metrics: telemetry::health::MetricsRoute::ServicePort,
     };
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();

@@ -140,6 +140,7 @@ async fn run(profile: Profile, scenario: Scenario, backlog: usize, accounts: usi
         kafka: topics.args.clone(),
         topics: kafka::TopicArgs { partitions: 12, replicas: 1 },
         profile,
+        metrics: telemetry::health::MetricsRoute::ServicePort,
     };
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();

@@ -211,6 +211,8 @@ pub struct Settings {
     pub kafka: KafkaArgs,
     pub topics: TopicArgs,
     pub profile: Profile,
+    /// `/metrics` on the API's port (the default), or on the process's own metrics listener.
+    pub metrics: telemetry::health::MetricsRoute,
 }
 
 /// Connects, migrates, makes sure the topics exist, then spawns the accounts API, the settler,
@@ -220,7 +222,7 @@ pub struct Settings {
 /// commits) the batch in hand, the relay its batch.
 pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<SocketAddr, Error> {
     let shutdown = supervisor.shutdown_token();
-    let Settings { args, auth, kafka, topics: topic_args, profile } = settings;
+    let Settings { args, auth, kafka, topics: topic_args, profile, metrics } = settings;
     // before anything else: a service that would let anyone create money does not start
     let tokens = auth.resolve("ledger")?;
     let pool = database::connect(&args.database_url, &args.pool_settings()).await?;
@@ -237,12 +239,10 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
         Arc::new(outbox::health::DatabaseReady::new(pool.clone())),
         Arc::new(kafka::health::KafkaReady::new(producer.clone(), input.clone())),
     ];
-    let app = api::router(state).merge(telemetry::health::router_supervised(
-        checks,
-        telemetry::metrics::install(),
-        tokens.warnings(),
-        supervisor,
-    ));
+    let readiness = telemetry::health::Readiness::new(checks, tokens.readiness_detail())
+        .with_warnings(tokens.warnings())
+        .supervised_by(supervisor);
+    let app = api::router(state).merge(telemetry::health::router(readiness, metrics));
     // after the recorder is installed (with the router above), before /readyz answers
     kafka::alerting::export_at_zero(std::slice::from_ref(&input), std::slice::from_ref(&input));
     let (bound, serve) =

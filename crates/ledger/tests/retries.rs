@@ -138,28 +138,6 @@ async fn a_transfer_that_can_never_be_applied_is_dead_lettered_at_once() {
     ledger.stop().await;
 }
 
-/// Closes the test's database to new connections and ends the open ones: to the ledger, the
-/// database is gone.
-async fn take_database_away(ledger: &TestLedger) {
-    let mut admin = PgConnection::connect(&testkit::admin_database_url()).await.expect("admin connection");
-    let name = &ledger.database.name;
-    admin
-        .execute(format!(r#"ALTER DATABASE "{name}" ALLOW_CONNECTIONS false"#).as_str())
-        .await
-        .expect("close");
-    sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1")
-        .bind(name)
-        .execute(&mut admin)
-        .await
-        .expect("terminate");
-}
-
-async fn bring_database_back(ledger: &TestLedger) {
-    let mut admin = PgConnection::connect(&testkit::admin_database_url()).await.expect("admin connection");
-    let name = &ledger.database.name;
-    admin.execute(format!(r#"ALTER DATABASE "{name}" ALLOW_CONNECTIONS true"#).as_str()).await.expect("open");
-}
-
 async fn readiness(ledger: &TestLedger) -> u16 {
     ledger.http.get(ledger.url("/readyz")).send().await.expect("GET /readyz").status().as_u16()
 }
@@ -172,7 +150,7 @@ async fn while_the_database_is_gone_the_ledger_waits_and_dead_letters_nothing() 
     let dead_letters = ledger.reader(&topics::dead_letter_topic(topics::ANALYSED));
     let ids: Vec<Uuid> = (0..30).map(|_| Uuid::new_v4()).collect();
 
-    take_database_away(&ledger).await;
+    ledger.close_database().await;
     for id in &ids {
         ledger.publish_transfer(*id, "CC-A", "CC-B", 100, "BRL").await;
     }
@@ -186,7 +164,7 @@ async fn while_the_database_is_gone_the_ledger_waits_and_dead_letters_nothing() 
     let response = ledger.http.get(ledger.url("/contas/CC-A")).send().await.expect("GET");
     assert_eq!(response.status(), 503, "the API says the database is unreachable");
 
-    bring_database_back(&ledger).await;
+    ledger.reopen_database().await;
     for id in &ids {
         assert_eq!(ledger.decided(*id).await.0, "LIQUIDADA");
     }

@@ -51,9 +51,12 @@ async fn run(events: usize, failing_every: Option<usize>) {
             webhook_timeout_ms: 5_000,
             concurrency: 64,
         },
+        // no admin token: /readyz answers its status line only
+        auth: telemetry::health::HealthAuthArgs::default(),
         kafka: topic_set.args.clone(),
         topics: kafka::TopicArgs { partitions, replicas: 1 },
         profile: kafka::Profile::Fast,
+        metrics: telemetry::health::MetricsRoute::ServicePort,
     };
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();

@@ -33,7 +33,8 @@ use kafka::{KafkaArgs, Profile, TopicArgs};
 /// Options of `pagamentos notificacoes`.
 #[derive(Clone, clap::Args)]
 pub struct NotificationsArgs {
-    /// Address of `/healthz`, `/readyz` and `/metrics`.
+    /// Address of `/healthz`, `/readyz` and `/metrics` (`/metrics` elsewhere with
+    /// `--metrics-listen`).
     #[arg(
         id = "notificacoes_listen",
         value_name = "LISTEN",
@@ -110,9 +111,13 @@ fn parse_webhook_url(text: &str) -> Result<reqwest::Url, String> {
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub args: NotificationsArgs,
+    /// Who may read `/readyz`'s detail: the admin token, or everyone with `--insecure-no-auth`.
+    pub auth: telemetry::health::HealthAuthArgs,
     pub kafka: KafkaArgs,
     pub topics: TopicArgs,
     pub profile: Profile,
+    /// `/metrics` on the health port (the default), or on the process's own metrics listener.
+    pub metrics: telemetry::health::MetricsRoute,
 }
 
 /// The contract's chain: 1 s, 2 s, 4 s.
@@ -125,8 +130,10 @@ pub fn chain() -> Chain {
 /// Returns the health address.
 pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<SocketAddr, Error> {
     let shutdown = supervisor.shutdown_token();
-    let Settings { args, kafka, topics: topic_args, profile } = settings;
-    // before anything else: a webhook nobody can authenticate is sent only when asked for
+    let Settings { args, auth, kafka, topics: topic_args, profile, metrics } = settings;
+    // before anything else: who may read /readyz's detail (refused with both a token and
+    // --insecure-no-auth), and a webhook nobody can authenticate is sent only when asked for
+    let detail = auth.resolve("notificacoes")?;
     let mut warnings = Vec::new();
     let webhook = match &args.webhook_url {
         Some(url) => {
@@ -162,8 +169,10 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
 
     let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> =
         vec![Arc::new(kafka::health::KafkaReady::new(producer.clone(), bases[0].clone()))];
-    let app =
-        telemetry::health::router_supervised(checks, telemetry::metrics::install(), warnings, supervisor);
+    warnings.extend(auth.warnings());
+    let readiness =
+        telemetry::health::Readiness::new(checks, detail).with_warnings(warnings).supervised_by(supervisor);
+    let app = telemetry::health::router(readiness, metrics);
     // after the recorder is installed (with the router above), before /readyz answers
     kafka::alerting::export_at_zero(&consumed, &bases);
     let (bound, serve) =
@@ -304,6 +313,8 @@ mod tests {
 pub enum Error {
     #[error(transparent)]
     Kafka(#[from] kafka::Error),
+    #[error(transparent)]
+    Auth(#[from] telemetry::health::HealthAuthError),
     #[error(transparent)]
     Webhook(#[from] webhook::ClientError),
     #[error("cannot sign webhooks: {0}")]

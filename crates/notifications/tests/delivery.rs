@@ -45,9 +45,12 @@ impl Running {
                 webhook_timeout_ms: timeout_ms,
                 concurrency: 16,
             },
+            // no admin token: /readyz answers its status line only (its detail is not under test here)
+            auth: telemetry::health::HealthAuthArgs::default(),
             kafka: topics.args.clone(),
             topics: kafka::TopicArgs { partitions: 3, replicas: 1 },
             profile: kafka::Profile::Fast,
+            metrics: telemetry::health::MetricsRoute::ServicePort,
         };
         let shutdown = CancellationToken::new();
         let tracker = TaskTracker::new();

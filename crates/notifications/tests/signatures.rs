@@ -50,9 +50,12 @@ async fn deliveries_verify_with_the_standard_webhooks_reference_library() {
             webhook_timeout_ms: 5_000,
             concurrency: 4,
         },
+        // no admin token: /readyz answers its status line only (its detail is not under test here)
+        auth: telemetry::health::HealthAuthArgs::default(),
         kafka: topics.args.clone(),
         topics: kafka::TopicArgs { partitions: 1, replicas: 1 },
         profile: kafka::Profile::Fast,
+        metrics: telemetry::health::MetricsRoute::ServicePort,
     };
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();

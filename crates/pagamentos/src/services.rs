@@ -1,7 +1,9 @@
 //! The service subcommands: parse, start, wait for the signal, drain.
 
+use std::net::SocketAddr;
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use telemetry::supervisor::{Drained, Supervisor};
 
 use kafka::{KafkaArgs, Profile, TopicArgs};
@@ -21,6 +23,54 @@ pub struct CommonArgs {
 
     #[command(flatten)]
     pub replication: crate::replication::ReplicationArgs,
+
+    /// Serve `/metrics` on this address (IP:PORT) instead of on the service's port, which then
+    /// answers `/metrics` with 404: e.g. an address only the monitoring network reaches, while
+    /// the service's port is public. One listener for the whole process (in `all`, for the
+    /// four services). Unset: `/metrics` on every service's port.
+    #[arg(long, env = "PAGAMENTOS_METRICS_LISTEN", value_name = "ADDRESS", value_parser = parse_listen_address)]
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+/// A listen address: an IP address and a port, as `0.0.0.0:9100` or `[::1]:9100`.
+fn parse_listen_address(text: &str) -> Result<SocketAddr, String> {
+    text.trim().parse().map_err(|_| {
+        format!("{text:?} is not a listen address: expected IP:PORT, e.g. 0.0.0.0:9100 or 127.0.0.1:9100")
+    })
+}
+
+impl CommonArgs {
+    /// Where the services serve `/metrics`.
+    fn metrics_route(&self) -> telemetry::health::MetricsRoute {
+        match self.metrics_listen {
+            Some(_) => telemetry::health::MetricsRoute::OwnListener,
+            None => telemetry::health::MetricsRoute::ServicePort,
+        }
+    }
+}
+
+/// Whether two listen addresses would take the same port: the same port (not 0, which picks
+/// a free one) on the same IP, or on the unspecified address (`0.0.0.0`, `::`), which takes it
+/// on every IP.
+fn same_port(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() != 0
+        && a.port() == b.port()
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
+/// The metrics listener's address, when it would take the port of one of `services` (name,
+/// listen setting, address): the refusal to print.
+fn metrics_listen_conflict(
+    metrics: Option<SocketAddr>,
+    services: &[(&str, &str, SocketAddr)],
+) -> Option<String> {
+    let metrics = metrics?;
+    let (service, variable, address) =
+        services.iter().find(|(_, _, address)| same_port(metrics, *address))?;
+    Some(format!(
+        "PAGAMENTOS_METRICS_LISTEN (--metrics-listen) {metrics} takes the port of {service}'s {variable} \
+         {address}: give /metrics a port of its own"
+    ))
 }
 
 #[derive(Debug, clap::Args)]
@@ -39,6 +89,10 @@ pub struct TransfersCommand {
 pub struct AntifraudCommand {
     #[command(flatten)]
     antifraud: antifraud::AntifraudArgs,
+
+    /// The admin token that shows `/readyz`'s detail.
+    #[command(flatten)]
+    auth: telemetry::health::HealthAuthArgs,
 
     #[command(flatten)]
     common: CommonArgs,
@@ -60,6 +114,10 @@ pub struct LedgerCommand {
 pub struct NotificationsCommand {
     #[command(flatten)]
     notifications: notifications::NotificationsArgs,
+
+    /// The admin token that shows `/readyz`'s detail.
+    #[command(flatten)]
+    auth: telemetry::health::HealthAuthArgs,
 
     #[command(flatten)]
     common: CommonArgs,
@@ -102,17 +160,39 @@ enum AllError {
 }
 
 /// The one service shell: starts a service with `start` on a [`Supervisor`], then waits for
-/// SIGINT/SIGTERM, or for a critical task to stop on its own, and drains. Exit 0 after an
-/// ordinary shutdown; non-zero when a task stopped (`task <name> stopped: <why>`, also on
-/// `/readyz` while the others drain), when the drain passed its deadline, or when the service
-/// did not start.
-async fn serve<F, E>(name: &str, start: impl FnOnce(Supervisor) -> F) -> anyhow::Result<ExitCode>
+/// SIGINT/SIGTERM, or for a critical task to stop on its own, and drains. With
+/// `metrics_listen`, `/metrics` is served there first, by the task `metrics/http`. Exit 0
+/// after an ordinary shutdown; 2 when the metrics listener would take a port of `listens`
+/// (each service's name, listen setting and address); non-zero when a task stopped (`task
+/// <name> stopped: <why>`, also on `/readyz` while the others drain), when the drain passed
+/// its deadline, or when the service did not start.
+async fn serve<F, E>(
+    name: &str,
+    metrics_listen: Option<SocketAddr>,
+    listens: &[(&str, &str, SocketAddr)],
+    start: impl FnOnce(Supervisor) -> F,
+) -> anyhow::Result<ExitCode>
 where
-    F: std::future::Future<Output = Result<std::net::SocketAddr, E>>,
+    F: std::future::Future<Output = Result<SocketAddr, E>>,
     E: std::error::Error + Send + Sync + 'static,
 {
+    if let Some(conflict) = metrics_listen_conflict(metrics_listen, listens) {
+        eprintln!("error: {conflict}");
+        return Ok(ExitCode::from(2));
+    }
     let supervisor = Supervisor::new();
     supervisor.cancel_on_signal();
+    if let Some(address) = metrics_listen {
+        let app = telemetry::health::metrics_router(telemetry::metrics::install());
+        let shutdown = supervisor.shutdown_token().cancelled_owned();
+        let (_, serve_metrics) =
+            telemetry::server::bind("metrics", address, app, shutdown).await.with_context(|| {
+                format!(
+                    "pagamentos {name} did not start: cannot listen on {address} (PAGAMENTOS_METRICS_LISTEN)"
+                )
+            })?;
+        supervisor.spawn("metrics/http", serve_metrics);
+    }
     if let Err(error) = start(supervisor.clone()).await {
         supervisor.shut_down();
         supervisor.drain().await;
@@ -132,48 +212,74 @@ where
 
 pub async fn transfers(command: TransfersCommand) -> anyhow::Result<ExitCode> {
     command.common.replication.check(&command.common.topics)?;
+    let metrics_listen = command.common.metrics_listen;
+    let listens = [("transferencias", "TRANSFERENCIAS_LISTEN", command.transfers.listen)];
     let settings = transfers::Settings {
+        metrics: command.common.metrics_route(),
         args: command.transfers,
         auth: command.auth,
         kafka: command.common.kafka,
         topics: command.common.topics,
         profile: command.common.profile,
     };
-    serve("transferencias", |supervisor| async move { transfers::start(settings, &supervisor).await }).await
+    serve("transferencias", metrics_listen, &listens, |supervisor| async move {
+        transfers::start(settings, &supervisor).await
+    })
+    .await
 }
 
 pub async fn antifraud(command: AntifraudCommand) -> anyhow::Result<ExitCode> {
     command.common.replication.check(&command.common.topics)?;
+    let metrics_listen = command.common.metrics_listen;
+    let listens = [("antifraude", "ANTIFRAUDE_LISTEN", command.antifraud.listen)];
     let settings = antifraud::Settings {
+        metrics: command.common.metrics_route(),
         args: command.antifraud,
+        auth: command.auth,
         kafka: command.common.kafka,
         topics: command.common.topics,
         profile: command.common.profile,
     };
-    serve("antifraude", |supervisor| async move { antifraud::start(settings, &supervisor).await }).await
+    serve("antifraude", metrics_listen, &listens, |supervisor| async move {
+        antifraud::start(settings, &supervisor).await
+    })
+    .await
 }
 
 pub async fn ledger(command: LedgerCommand) -> anyhow::Result<ExitCode> {
     command.common.replication.check(&command.common.topics)?;
+    let metrics_listen = command.common.metrics_listen;
+    let listens = [("ledger", "LEDGER_LISTEN", command.ledger.listen)];
     let settings = ledger::Settings {
+        metrics: command.common.metrics_route(),
         args: command.ledger,
         auth: command.auth,
         kafka: command.common.kafka,
         topics: command.common.topics,
         profile: command.common.profile,
     };
-    serve("ledger", |supervisor| async move { ledger::start(settings, &supervisor).await }).await
+    serve("ledger", metrics_listen, &listens, |supervisor| async move {
+        ledger::start(settings, &supervisor).await
+    })
+    .await
 }
 
 pub async fn notifications(command: NotificationsCommand) -> anyhow::Result<ExitCode> {
     command.common.replication.check(&command.common.topics)?;
+    let metrics_listen = command.common.metrics_listen;
+    let listens = [("notificacoes", "NOTIFICACOES_LISTEN", command.notifications.listen)];
     let settings = notifications::Settings {
+        metrics: command.common.metrics_route(),
         args: command.notifications,
+        auth: command.auth,
         kafka: command.common.kafka,
         topics: command.common.topics,
         profile: command.common.profile,
     };
-    serve("notificacoes", |supervisor| async move { notifications::start(settings, &supervisor).await }).await
+    serve("notificacoes", metrics_listen, &listens, |supervisor| async move {
+        notifications::start(settings, &supervisor).await
+    })
+    .await
 }
 
 /// The four services in one process: one runtime, one telemetry set-up, one shutdown signal
@@ -188,7 +294,15 @@ pub async fn all(command: AllCommand) -> anyhow::Result<ExitCode> {
         auth,
         common,
     } = command;
-    serve("all", |supervisor| async move {
+    let metrics_listen = common.metrics_listen;
+    let metrics = common.metrics_route();
+    let listens = [
+        ("transferencias", "TRANSFERENCIAS_LISTEN", transfers_args.listen),
+        ("ledger", "LEDGER_LISTEN", ledger_args.listen),
+        ("antifraude", "ANTIFRAUDE_LISTEN", antifraud_args.listen),
+        ("notificacoes", "NOTIFICACOES_LISTEN", notifications_args.listen),
+    ];
+    serve("all", metrics_listen, &listens, |supervisor| async move {
         let CommonArgs { kafka, topics, profile, .. } = common;
         // downstream first, so nothing the upstream services publish waits for a consumer
         let ledger = ledger::start(
@@ -198,6 +312,7 @@ pub async fn all(command: AllCommand) -> anyhow::Result<ExitCode> {
                 kafka: kafka.clone(),
                 topics: topics.clone(),
                 profile,
+                metrics,
             },
             &supervisor,
         )
@@ -206,9 +321,11 @@ pub async fn all(command: AllCommand) -> anyhow::Result<ExitCode> {
         let notifications = notifications::start(
             notifications::Settings {
                 args: notifications_args,
+                auth: auth.health(),
                 kafka: kafka.clone(),
                 topics: topics.clone(),
                 profile,
+                metrics,
             },
             &supervisor,
         )
@@ -217,16 +334,18 @@ pub async fn all(command: AllCommand) -> anyhow::Result<ExitCode> {
         let antifraud = antifraud::start(
             antifraud::Settings {
                 args: antifraud_args,
+                auth: auth.health(),
                 kafka: kafka.clone(),
                 topics: topics.clone(),
                 profile,
+                metrics,
             },
             &supervisor,
         )
         .await
         .map_err(AllError::Antifraud)?;
         let transfers = transfers::start(
-            transfers::Settings { args: transfers_args, auth, kafka, topics, profile },
+            transfers::Settings { args: transfers_args, auth, kafka, topics, profile, metrics },
             &supervisor,
         )
         .await
@@ -235,4 +354,45 @@ pub async fn all(command: AllCommand) -> anyhow::Result<ExitCode> {
         Ok::<_, AllError>(transfers)
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn address(text: &str) -> SocketAddr {
+        text.parse().expect("address")
+    }
+
+    #[test]
+    fn the_metrics_listener_may_not_take_a_service_port() {
+        let services = [
+            ("transferencias", "TRANSFERENCIAS_LISTEN", address("0.0.0.0:8080")),
+            ("ledger", "LEDGER_LISTEN", address("127.0.0.1:8081")),
+            ("antifraude", "ANTIFRAUDE_LISTEN", address("127.0.0.1:0")),
+        ];
+        for taken in ["0.0.0.0:8080", "127.0.0.1:8080", "[::]:8081", "127.0.0.1:8081"] {
+            let refusal = metrics_listen_conflict(Some(address(taken)), &services);
+            assert!(
+                refusal.as_deref().is_some_and(|text| text.contains("PAGAMENTOS_METRICS_LISTEN")),
+                "{taken}"
+            );
+        }
+        let refusal = metrics_listen_conflict(Some(address("127.0.0.1:8081")), &services).expect("refused");
+        assert!(refusal.contains("ledger's LEDGER_LISTEN 127.0.0.1:8081"), "{refusal}");
+        for free in ["0.0.0.0:9100", "127.0.0.2:8081", "127.0.0.1:0"] {
+            assert_eq!(metrics_listen_conflict(Some(address(free)), &services), None, "{free}");
+        }
+        assert_eq!(metrics_listen_conflict(None, &services), None);
+    }
+
+    #[test]
+    fn a_listen_address_is_an_ip_and_a_port() {
+        assert_eq!(parse_listen_address("0.0.0.0:9100"), Ok(address("0.0.0.0:9100")));
+        assert_eq!(parse_listen_address("[::1]:9100"), Ok(address("[::1]:9100")));
+        for bad in ["9100", "localhost:9100", "0.0.0.0", "0.0.0.0:99999", ""] {
+            let error = parse_listen_address(bad).expect_err(bad);
+            assert!(error.contains("expected IP:PORT"), "{error}");
+        }
+    }
 }

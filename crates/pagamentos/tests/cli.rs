@@ -167,6 +167,40 @@ fn a_malformed_environment_value_is_refused_naming_the_variable() {
 }
 
 #[test]
+fn a_bad_metrics_listen_address_is_refused_with_exit_2() {
+    // nothing may be reached first: the refusal comes before any connection
+    let unreachable = [
+        ("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1"),
+        ("TRANSFERENCIAS_DATABASE_URL", "postgres://nobody:x@127.0.0.1:1/none"),
+        ("LEDGER_DATABASE_URL", "postgres://nobody:x@127.0.0.1:1/none"),
+        ("PAGAMENTOS_INSECURE_NO_AUTH", "true"),
+    ];
+    for (subcommand, value) in [("antifraude", "localhost:9100"), ("all", "9100"), ("ledger", "0.0.0.0:")] {
+        let mut env = unreachable.to_vec();
+        env.push(("PAGAMENTOS_METRICS_LISTEN", value));
+        let output = pagamentos(&[subcommand], &env, Duration::from_secs(30));
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{subcommand} {value}: {stderr}");
+        assert!(stderr.contains("expected IP:PORT") && stderr.contains(value), "{stderr}");
+        assert!(stderr.contains("PAGAMENTOS_METRICS_LISTEN"), "the variable is not named: {stderr}");
+    }
+    // on the command line too
+    let output =
+        pagamentos(&["notificacoes", "--metrics-listen", "nowhere"], &unreachable, Duration::from_secs(30));
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output.stderr));
+    // a well-formed address that takes a service's port: refused before anything starts
+    for (subcommand, value) in [("all", "0.0.0.0:8083"), ("ledger", "127.0.0.1:8081")] {
+        let mut env = unreachable.to_vec();
+        env.push(("PAGAMENTOS_METRICS_LISTEN", value));
+        let output = pagamentos(&[subcommand], &env, Duration::from_secs(30));
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{subcommand} {value}: {stderr}");
+        assert!(stderr.contains("give /metrics a port of its own"), "{stderr}");
+        assert!(!stderr.contains("unreachable"), "{subcommand}: refused only after a connection: {stderr}");
+    }
+}
+
+#[test]
 fn fewer_than_three_replicas_are_refused_without_the_explicit_opt_in() {
     // nothing may be reached first: the refusal comes before any connection
     let unreachable = [
@@ -214,7 +248,7 @@ type Refusal = (&'static str, &'static [(&'static str, &'static str)], &'static 
 
 #[test]
 fn services_refuse_to_start_without_auth_or_a_webhook_secret() {
-    let cases: [Refusal; 5] = [
+    let cases: [Refusal; 6] = [
         ("all", &[], "authentication is required"),
         ("transferencias", &[("PAGAMENTOS_API_TOKEN", "api")], "missing: PAGAMENTOS_ADMIN_TOKEN"),
         ("ledger", &[("PAGAMENTOS_API_TOKEN", "same"), ("PAGAMENTOS_ADMIN_TOKEN", "same")], "must differ"),
@@ -227,6 +261,12 @@ fn services_refuse_to_start_without_auth_or_a_webhook_secret() {
             "notificacoes",
             &[("NOTIFICACOES_WEBHOOK_URL", "http://127.0.0.1:1/hooks")],
             "NOTIFICACOES_WEBHOOK_SECRET",
+        ),
+        // no API, but the admin token for /readyz's detail: the same rule as the APIs
+        (
+            "antifraude",
+            &[("PAGAMENTOS_ADMIN_TOKEN", "adm"), ("PAGAMENTOS_INSECURE_NO_AUTH", "true")],
+            "choose one",
         ),
     ];
     for (subcommand, env, says) in cases {

@@ -38,30 +38,48 @@ async fn wait_ready(port: u16) {
     .await;
 }
 
-/// Waits for `child` to exit while polling `/readyz`; returns the exit status, every `503`
-/// body seen on the way, and the process's stderr.
+/// What `/readyz` answered `503` with while the process went down.
+#[derive(Debug, Default)]
+struct NotReady {
+    /// Bodies read with the admin token (the detail).
+    admin: Vec<String>,
+    /// Bodies read without a token and with the API token.
+    others: Vec<String>,
+}
+
+/// Waits for `child` to exit while polling `/readyz` in turn with the admin token, without a
+/// token and with the API token; returns the exit status, every `503` body seen on the way,
+/// and the process's stderr.
 async fn exit_watching_readiness(
     mut child: Child,
     port: u16,
-) -> (std::process::ExitStatus, Vec<String>, String) {
+) -> (std::process::ExitStatus, NotReady, String) {
     let mut stderr = child.stderr.take().expect("stderr piped");
     let log = tokio::spawn(async move {
         let mut text = String::new();
         let _ = stderr.read_to_string(&mut text).await;
         text
     });
+    let admin = common::system::admin_client(Some(Duration::from_secs(2)));
     let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().expect("client");
     let url = format!("http://127.0.0.1:{port}/readyz");
-    let mut not_ready = Vec::new();
+    let mut not_ready = NotReady::default();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    let mut poll = 0_u64;
     let status = loop {
         if let Some(status) = child.try_wait().expect("try_wait") {
             break status;
         }
+        poll += 1;
         assert!(tokio::time::Instant::now() < deadline, "the process is still running 90 s later");
-        if let Ok(response) = http.get(&url).send().await {
+        let (request, bodies) = match poll % 3 {
+            1 => (admin.get(&url), &mut not_ready.admin),
+            2 => (http.get(&url), &mut not_ready.others),
+            _ => (http.get(&url).bearer_auth(common::API_TOKEN), &mut not_ready.others),
+        };
+        if let Ok(response) = request.send().await {
             if response.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE {
-                not_ready.push(response.text().await.unwrap_or_default());
+                bodies.push(response.text().await.unwrap_or_default());
             }
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -103,13 +121,17 @@ async fn a_settler_that_stops_takes_the_process_down_with_a_non_zero_exit() {
     assert!(!status.success(), "exit status {status:?}; log:\n{log}");
     assert!(log.contains("task ledger/settler stopped"), "no stopped task named in the log:\n{log}");
     assert!(log.contains("transferencia_processada"), "the cause is not in the log:\n{log}");
-    // /readyz may be gone before a poll lands; each 503 seen must name the task
-    eprintln!("/readyz answered 503 {} times before the exit: {not_ready:?}", not_ready.len());
-    for body in &not_ready {
+    // /readyz may be gone before a poll lands; each 503 seen by the admin must name the task,
+    // and no other caller may read anything but the status line
+    eprintln!("/readyz answered 503 before the exit: {not_ready:?}");
+    for body in &not_ready.admin {
         assert!(
             body.contains("task ledger/settler stopped") || body.contains("shutting down"),
             "a 503 that names no stopped task: {body}"
         );
+    }
+    for body in &not_ready.others {
+        assert_eq!(body, "not ready\n", "the detail shown without the admin token");
     }
     // the process is gone: whatever it dead-lettered is in the topic by now
     let dead_letter_topic = topics::dead_letter_topic(&topics.topic(topics::ANALYSED));

@@ -5,7 +5,8 @@
 //!   has a W3C trace context that can travel in Kafka headers and outbox rows.
 //! - [`log_format`]: JSON log lines with the `trace_id` and `span_id` of their span.
 //! - [`metrics`]: the process-wide Prometheus recorder and its histogram buckets (seconds).
-//! - [`health`]: `/healthz`, `/readyz` (dependency checks) and `/metrics` as an axum router.
+//! - [`health`]: `/healthz`, `/readyz` (dependency checks, detail for the admin token only) and
+//!   `/metrics` as axum routers.
 //! - [`context`]: the current span's `traceparent` and spans continued from one.
 //! - [`server`]: bind a router and serve it until shutdown.
 //! - [`supervisor`]: the service shell: named critical tasks, one shutdown token, a task that

@@ -5,7 +5,7 @@
 //! or [`Supervisor::spawn_fallible`] (one that returns a `Result`). A task that returns while
 //! the process is not shutting down, returns an error, or panics has **stopped**: the
 //! supervisor logs `task <name> stopped: <why>` at error level, `/readyz` answers `503` with
-//! that line (see [`crate::health::router_supervised`]), and the shutdown token is cancelled so
+//! that line (see [`crate::health::Readiness::supervised_by`]), and the shutdown token is cancelled so
 //! that every other task drains the work in hand as on SIGTERM (nothing half-done is
 //! committed: the loops watch the token only at their safe points). [`Supervisor::drain`]
 //! then reports [`Drained::Stopped`], which the binary turns into a non-zero exit status so an

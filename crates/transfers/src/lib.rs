@@ -186,6 +186,8 @@ pub struct Settings {
     pub kafka: KafkaArgs,
     pub topics: TopicArgs,
     pub profile: Profile,
+    /// `/metrics` on the API's port (the default), or on the process's own metrics listener.
+    pub metrics: telemetry::health::MetricsRoute,
 }
 
 /// Connects, migrates, makes sure the topics exist, then spawns the API, the outbox relay,
@@ -195,7 +197,7 @@ pub struct Settings {
 /// finish the batch in hand.
 pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<SocketAddr, Error> {
     let shutdown = supervisor.shutdown_token();
-    let Settings { args, auth, kafka, topics: topic_args, profile } = settings;
+    let Settings { args, auth, kafka, topics: topic_args, profile, metrics } = settings;
     // before anything else: a service that would serve money without auth does not start
     let tokens = auth.resolve("transferencias")?;
     if !args.idempotency_key_required {
@@ -227,12 +229,10 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
         Arc::new(outbox::health::DatabaseReady::new(pool.clone())),
         Arc::new(kafka::health::KafkaReady::new(producer.clone(), kafka.topic(topics::REQUESTED))),
     ];
-    let app = api::router(state).merge(telemetry::health::router_supervised(
-        checks,
-        telemetry::metrics::install(),
-        tokens.warnings(),
-        supervisor,
-    ));
+    let readiness = telemetry::health::Readiness::new(checks, tokens.readiness_detail())
+        .with_warnings(tokens.warnings())
+        .supervised_by(supervisor);
+    let app = api::router(state).merge(telemetry::health::router(readiness, metrics));
     // after the recorder is installed (with the router above), before /readyz answers
     let outcomes = [kafka.topic(topics::SETTLED), kafka.topic(topics::REJECTED)];
     kafka::alerting::export_at_zero(&outcomes, &outcomes);

@@ -323,6 +323,7 @@ async fn without_tokens_the_service_refuses_to_start_unless_told_to_run_open() {
         kafka: topics.args.clone(),
         topics: kafka::TopicArgs { partitions: 1, replicas: 1 },
         profile: kafka::Profile::Fast,
+        metrics: telemetry::health::MetricsRoute::ServicePort,
     };
     for auth in [
         web::AuthArgs::default(),

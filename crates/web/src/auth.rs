@@ -4,7 +4,7 @@
 //! reports on `/readyz`. With tokens, every route but health, metrics and the OpenAPI document
 //! requires `Authorization: Bearer <token>` (`401` otherwise); the admin token is accepted
 //! wherever the API token is, and only it may use the admin routes (accounts, deposits: `403`
-//! with the API token). Tokens are compared in constant time and never logged; the caller's
+//! with the API token) and read `/readyz`'s detail (anyone else reads its status line only). Tokens are compared in constant time and never logged; the caller's
 //! identity for Idempotency-Key scoping is a hash of its token.
 
 use axum::extract::{Request, State};
@@ -45,12 +45,14 @@ pub struct AuthArgs {
     pub api_token: Option<String>,
 
     /// Bearer token of the admin routes (opening accounts, deposits), also accepted wherever the
-    /// API token is; must differ from it (required unless `--insecure-no-auth`).
+    /// API token is, and the only one that reads `/readyz`'s detail (why not ready, warnings);
+    /// must differ from the API token (required unless `--insecure-no-auth`).
     #[arg(long, env = "PAGAMENTOS_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
 
-    /// Serve the APIs without authentication: every caller is an admin. For local
-    /// experiments only; logged as a warning at start and reported on `/readyz`.
+    /// Serve the APIs without authentication: every caller is an admin, and reads `/readyz`'s
+    /// detail. For local experiments only; logged as a warning at start and reported on
+    /// `/readyz`.
     #[arg(
         long,
         env = "PAGAMENTOS_INSECURE_NO_AUTH",
@@ -94,6 +96,15 @@ impl AuthArgs {
     /// No authentication, said explicitly (tests, local experiments).
     pub fn insecure() -> Self {
         Self { insecure_no_auth: true, ..Self::default() }
+    }
+
+    /// The same admin token and mode for a service without an API (antifraude and notificacoes
+    /// in `pagamentos all`): who may read its `/readyz` detail.
+    pub fn health(&self) -> telemetry::health::HealthAuthArgs {
+        telemetry::health::HealthAuthArgs {
+            admin_token: self.admin_token.clone(),
+            insecure_no_auth: self.insecure_no_auth,
+        }
     }
 
     /// Both tokens.
@@ -154,6 +165,14 @@ impl Tokens {
         match self {
             Self::Required { .. } => Vec::new(),
             Self::Disabled => vec![INSECURE_WARNING.to_owned()],
+        }
+    }
+
+    /// Who may read `/readyz`'s detail: the admin token, or everyone without authentication.
+    pub fn readiness_detail(&self) -> telemetry::health::ReadinessDetail {
+        match self {
+            Self::Required { admin, .. } => telemetry::health::ReadinessDetail::Token(admin.clone()),
+            Self::Disabled => telemetry::health::ReadinessDetail::Open,
         }
     }
 
@@ -229,8 +248,12 @@ mod tests {
         let caller = tokens.caller(None).expect("open");
         assert!(caller.admin);
         assert_eq!(tokens.warnings(), vec![INSECURE_WARNING.to_owned()]);
+        assert!(matches!(tokens.readiness_detail(), telemetry::health::ReadinessDetail::Open));
         let secured = AuthArgs::tokens("api", "adm").resolve("test").expect("tokens");
         assert!(secured.warnings().is_empty());
+        assert!(
+            matches!(secured.readiness_detail(), telemetry::health::ReadinessDetail::Token(t) if t == "adm")
+        );
     }
 
     #[test]

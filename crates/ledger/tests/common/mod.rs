@@ -13,7 +13,7 @@ use kafka::consumer::KafkaConsumer;
 use kafka::producer::{OutgoingRecord, Producer};
 use kafka::rdkafka::message::{Headers, Message, OwnedMessage};
 use serde_json::{json, Value};
-use sqlx::PgPool;
+use sqlx::{Connection, Executor, PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
@@ -125,6 +125,7 @@ impl TestLedger {
             kafka: self.topics.args.clone(),
             topics: kafka::TopicArgs { partitions: self.partitions, replicas: 1 },
             profile: kafka::Profile::Fast,
+            metrics: telemetry::health::MetricsRoute::ServicePort,
         };
         let shutdown = CancellationToken::new();
         let tracker = TaskTracker::new();
@@ -248,6 +249,34 @@ impl TestLedger {
     }
 
     /// `/metrics` of the first instance.
+    /// Closes the test's database to new connections and ends the open ones: to the ledger, the
+    /// database is gone.
+    pub async fn close_database(&self) {
+        let mut admin =
+            PgConnection::connect(&testkit::admin_database_url()).await.expect("admin connection");
+        let name = &self.database.name;
+        admin
+            .execute(format!(r#"ALTER DATABASE "{name}" ALLOW_CONNECTIONS false"#).as_str())
+            .await
+            .expect("close");
+        sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1")
+            .bind(name)
+            .execute(&mut admin)
+            .await
+            .expect("terminate");
+    }
+
+    /// Undoes [`Self::close_database`].
+    pub async fn reopen_database(&self) {
+        let mut admin =
+            PgConnection::connect(&testkit::admin_database_url()).await.expect("admin connection");
+        let name = &self.database.name;
+        admin
+            .execute(format!(r#"ALTER DATABASE "{name}" ALLOW_CONNECTIONS true"#).as_str())
+            .await
+            .expect("open");
+    }
+
     pub async fn metrics(&self) -> String {
         self.http.get(self.url("/metrics")).send().await.expect("GET /metrics").text().await.expect("metrics")
     }

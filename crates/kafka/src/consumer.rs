@@ -260,7 +260,7 @@ pub async fn run<H: Handler>(
 
 /// Commits the offsets stored so far, synchronously and off the runtime: what a loop does when
 /// it ends. A failure is logged, not returned: the records since the last commit are redelivered.
-pub(crate) async fn commit_stored(consumer: Arc<KafkaConsumer>) -> Result<(), Error> {
+async fn commit_stored(consumer: Arc<KafkaConsumer>) -> Result<(), Error> {
     let final_commit =
         tokio::task::spawn_blocking(move || consumer.commit_consumer_state(CommitMode::Sync)).await?;
     match final_commit {
@@ -971,21 +971,10 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
     }
 }
 
-/// Takes more records after `first` until `records_max` or `wait_max` after it. Not
-/// cancel-safe: records taken are lost if the future is dropped, so never race it in a
-/// `select!` (race [`receive`] for the first record instead, which is).
-pub(crate) async fn fill(
-    consumer: &KafkaConsumer,
-    first: OwnedMessage,
-    records_max: usize,
-    wait_max: Duration,
-) -> Result<Vec<OwnedMessage>, Error> {
-    let first = (first, consumer.context().revocations.now());
-    let io = KafkaIo { consumer, dead_letters: None, forwards: None };
-    Ok(fill_taken(&io, first, records_max, wait_max).await?.records)
-}
-
-/// [`fill`], each record with the tick at which it was taken.
+/// Takes more records after `first` until `records_max` or `wait_max` after it, each with the
+/// tick at which it was taken. Not cancel-safe: records taken are lost if the future is dropped,
+/// so never race it in a `select!` (race [`receive_taken`] for the first record instead, which
+/// is).
 async fn fill_taken(
     io: &impl Io,
     first: (OwnedMessage, u64),
@@ -1005,17 +994,11 @@ async fn fill_taken(
     Ok(batch)
 }
 
-/// [`receive`], with the [`Revocations`] tick right after the record was taken (a revocation
-/// served while polling for it came before it).
+/// The next record ([`Io::receive`], cancel-safe), with the [`Revocations`] tick right after it
+/// was taken (a revocation served while polling for it came before it).
 async fn receive_taken(io: &impl Io) -> Result<(OwnedMessage, u64), Error> {
     let record = io.receive().await?;
     Ok((record, io.revocations().now()))
-}
-
-/// The next record; transient client errors are logged and waited out. Cancel-safe: a record
-/// is taken from the consumer only when this returns it.
-pub(crate) async fn receive(consumer: &KafkaConsumer) -> Result<OwnedMessage, Error> {
-    KafkaIo { consumer, dead_letters: None, forwards: None }.receive().await
 }
 
 /// Per partition, the offset after its last record in `records`: what a consumer commits (or
@@ -1035,18 +1018,9 @@ pub fn next_offsets<'a>(records: impl IntoIterator<Item = &'a OwnedMessage>) -> 
     offsets
 }
 
-/// Stores, per partition, the offset after the batch's last record of that partition.
-pub(crate) fn store_offsets(consumer: &KafkaConsumer, batch: &[OwnedMessage]) {
-    // a partition revoked while the batch ran is someone else's now: its records will be
-    // redelivered there, which the idempotent handlers absorb
-    if let Err(error) = consumer.store_offsets(&next_offsets(batch)) {
-        tracing::info!(%error, "offsets not stored (partitions revoked?)");
-    }
-}
-
 /// While idle, every record delivered so far has been handled (batches are handled before the
-/// next is taken, and a failed one never leaves the retry loop), so the consumer's position may
-/// be stored. It matters on transactional topics: the position moves past the commit markers,
+/// next is taken, and a failed one never leaves the retry loop), except the held ones, so the
+/// consumer's position may be stored for every partition that holds none. It matters on transactional topics: the position moves past the commit markers,
 /// which are never delivered, so the committed offset reaches the end of the partition and
 /// `kafka_consumer_lag` reads exactly 0 once the group has drained its input.
 fn store_position(io: &impl Io, held: &Held) {

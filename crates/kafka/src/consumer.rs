@@ -390,7 +390,7 @@ async fn consume<H: Handler>(
             };
             // a partition revoked while the handler ran is someone else's now: its records are
             // redelivered there, so nothing of them is published or stored here
-            let Sorted { finished, outputs, held_now, again, revoked } =
+            let Sorted { mut finished, outputs, held_now, again, revoked } =
                 sort(std::mem::take(&mut batch), fates, revocations, options)?;
             if revoked > 0 {
                 tracing::info!(
@@ -407,11 +407,21 @@ async fn consume<H: Handler>(
             if !outputs.is_empty() {
                 let outputs: Vec<Output<'_>> = outputs
                     .into_iter()
-                    .map(|(index, output)| output.from(&finished.records[index]))
+                    .map(|(index, output)| output.from(&finished.records[index], finished.taken[index]))
                     .collect();
                 if !publish_all(io, &outputs, options, shutdown, &mut carried, &mut paused, &mut held).await?
                 {
                     return Ok(()); // shut down before the outputs were acknowledged: redelivered
+                }
+                // a partition revoked while its outputs waited for the broker (the consumer is
+                // polled meanwhile) is someone else's now: publish_all dropped its outputs, so
+                // its offsets must not move, even if the partition came back since
+                let dropped = finished.drop_revoked(revocations);
+                if dropped > 0 {
+                    tracing::info!(
+                        dropped,
+                        "records of partitions revoked while their outputs waited: not stored"
+                    );
                 }
             }
             if !finished.records.is_empty() {
@@ -552,10 +562,11 @@ enum Pending {
 }
 
 impl Pending {
-    fn from(self, source: &OwnedMessage) -> Output<'_> {
+    fn from(self, source: &OwnedMessage, taken: u64) -> Output<'_> {
         match self {
             Pending::DeadLetter(failure) => Output {
                 source,
+                taken,
                 record: None,
                 route: Route::DeadLetters,
                 kind: ForwardKind::DeadLetter,
@@ -564,6 +575,7 @@ impl Pending {
             },
             Pending::Forward(forward) => Output {
                 source,
+                taken,
                 record: Some(forward.record),
                 route: Route::Forwards,
                 kind: forward.kind,
@@ -639,6 +651,8 @@ fn sort(
 /// broker acknowledged it.
 struct Output<'a> {
     source: &'a OwnedMessage,
+    /// The [`Revocations`] tick at which `source` was taken.
+    taken: u64,
     /// The forward, or `None` for a dead letter (written by the publisher from `failure`).
     record: Option<OutgoingRecord>,
     route: Route,
@@ -680,7 +694,8 @@ impl Output<'_> {
 }
 
 /// Publishes `outputs` (all at once) until the broker acknowledged each, backing off (and
-/// polling, paused) between tries. `false` when `shutdown` came first.
+/// polling, paused) between tries; the outputs of a partition revoked meanwhile are dropped.
+/// `false` when `shutdown` came first.
 async fn publish_all(
     io: &impl Io,
     outputs: &[Output<'_>],
@@ -698,9 +713,26 @@ async fn publish_all(
             _ => unreachable!("`sort` made sure of a publisher for every dead letter"),
         })
         .collect();
+    let revocations = io.revocations();
     let mut pending: Vec<usize> = (0..outputs.len()).collect();
     let mut attempt = 0u32;
     while !pending.is_empty() {
+        // the consumer was polled during the last wait: a partition revoked meanwhile is
+        // someone else's, who publishes its outputs
+        let before = pending.len();
+        pending.retain(|&index| {
+            let output = &outputs[index];
+            !revocations.revoked_since(output.source.topic(), output.source.partition(), output.taken)
+        });
+        if pending.len() < before {
+            tracing::info!(
+                dropped = before - pending.len(),
+                "outputs of partitions revoked while they waited dropped"
+            );
+            if pending.is_empty() {
+                break;
+            }
+        }
         let sent = futures::future::join_all(
             pending.iter().map(|&index| io.publish(&records[index], outputs[index].route)),
         )

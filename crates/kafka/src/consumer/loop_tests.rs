@@ -421,3 +421,43 @@ async fn a_partition_revoked_while_its_records_were_handled_gets_nothing_publish
     assert_eq!(running.broker.stored(1), Some(1));
     running.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_partition_revoked_while_its_forward_waits_for_the_broker_gets_nothing_published_or_stored() {
+    let broker = Broker::default();
+    broker.lock().refuse_publishes = 2; // the first try of both forwards
+    broker.produce(0, "forward");
+    broker.produce(1, "forward");
+    let running = Running::start(broker);
+    running.at(100).await;
+    // served while the loop polls during its backoff: partition 0 goes to another member
+    running.broker.revoke(0);
+    running.at(1_000).await;
+    let published: Vec<Vec<u8>> =
+        running.broker.published().into_iter().map(|(record, ..)| record.payload).collect();
+    assert_eq!(published, [b"0".to_vec()], "only partition 1's forward (its record's offset is 0 too)");
+    assert_eq!(running.broker.published()[0].2 - running.start, Duration::from_millis(500));
+    assert_eq!(running.broker.stored(0), None);
+    assert_eq!(running.broker.stored(1), Some(1));
+    running.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_partition_revoked_and_assigned_back_while_its_forward_waits_loses_nothing() {
+    let broker = Broker::default();
+    broker.lock().refuse_publishes = 1;
+    broker.produce(0, "forward");
+    let running = Running::start(broker);
+    // revoked and assigned back during the backoff: fetched anew from its committed offset
+    running.at(100).await;
+    running.broker.revoke(0);
+    running.broker.assign(0);
+    running.at(2_000).await;
+    // the first copy's forward is dropped; the copy fetched again is handled and forwarded
+    assert_eq!(running.handled(), [(0, 0, 0), (0, 0, 500)]);
+    let published = running.broker.published();
+    assert_eq!(published.len(), 1, "forwarded {} times", published.len());
+    assert_eq!(published[0].2 - running.start, Duration::from_millis(500));
+    assert_eq!(running.broker.stored(0), Some(1));
+    running.stop().await;
+}

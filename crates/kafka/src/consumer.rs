@@ -1,28 +1,39 @@
 //! The one consumer runtime: services supply a [`Handler`], never a poll loop of their own.
 //!
 //! The loop collects a batch (up to `batch_records_max` records or `batch_wait_max` after the
-//! first), hands it to the handler, and gets a [`Verdict`] per record. Records done or
-//! dead-lettered (the runtime publishes the dead letters and waits for their acknowledgement)
-//! have their partition's next offset stored only then: the handler's work is durable by then,
-//! so a crash at any point redelivers, never loses. librdkafka commits stored offsets in the
-//! background and once more at shutdown. The runtime owns the retries: a record the handler
-//! calls [`Verdict::Retry`] is retried in place after [`LoopOptions::record_retry`]'s backoff
-//! and dead-lettered once its retries run out; a batch the handler fails as a whole (`Err`) is
-//! retried in place with [`LoopOptions::backoff`], without a cap. Both are blocking retries:
-//! per-partition order is kept. While a record or batch waits for its retry the consumer is
-//! still polled, with its partitions paused: the group protocol needs the application to poll
-//! (a member that must re-join after a broker restart, a rebalance to acknowledge,
-//! `max.poll.interval.ms`), and a loop that only slept through a long outage would be fenced or
-//! stuck, its retries failing on a stale member. Before every attempt the batch loses the
-//! records whose partition was revoked after they were received
-//! ([`crate::context::Revocations`]): a member fenced while it was paused or partitioned away
-//! learns of it only when it polls, and by then the partition's new owner may have handled
-//! them.
+//! first), hands it to the handler, and gets a [`Verdict`] per record. Records done, forwarded
+//! or dead-lettered (the runtime publishes the forwards and dead letters and waits for the
+//! broker's acknowledgement) have their partition's next offset stored only then: the
+//! handler's work is durable by then, so a crash at any point redelivers, never loses.
+//! librdkafka commits stored offsets in the background and once more at shutdown.
 //!
-//! Shutdown is watched only between batches and during backoff, never while a handler runs:
+//! The runtime owns the retries: a record the handler calls [`Verdict::Retry`] is retried in
+//! place after [`LoopOptions::record_retry`]'s backoff and dead-lettered once its retries run
+//! out; a batch the handler fails as a whole (`Err`) is retried in place with
+//! [`LoopOptions::backoff`], without a cap. Both are blocking retries: per-partition order is
+//! kept. A non-blocking retry is a [`Verdict::Forward`] to a retry topic, whose consumer
+//! answers [`Verdict::NotBefore`] for a record not yet due: that record and the rest of its
+//! partition are held (`held`) with only that partition paused, and handed again at the
+//! instant; every other partition keeps flowing. While anything waits (a retry, an
+//! unacknowledged output, a held record) the consumer is still polled: the group protocol
+//! needs the application to poll (a member that must re-join after a broker restart, a
+//! rebalance to acknowledge, `max.poll.interval.ms`), and a loop that only slept through a
+//! long outage would be fenced or stuck, its retries failing on a stale member.
+//!
+//! Revocations ([`crate::context::Revocations`]): before every attempt the batch loses the
+//! records whose partition was revoked after they were received, held records too, and after
+//! the handler ran nothing of a partition revoked meanwhile is published or stored. A member
+//! fenced while it was paused or partitioned away learns of it only when it polls, and by then
+//! the partition's new owner may have handled them.
+//!
+//! Shutdown is watched only between batches and during waits, never while a handler runs:
 //! the batch in hand finishes, its offsets are stored and committed, then the loop returns. A
-//! shutdown during a backoff ends the wait at once and commits nothing of the waiting records.
-//! A handler error that [`Handler::is_fatal`] calls fatal ends the loop with [`Error::Fatal`].
+//! shutdown during a backoff, during an unacknowledged publish or while records are held ends
+//! the wait at once and commits nothing of the waiting records. A handler error that
+//! [`Handler::is_fatal`] calls fatal ends the loop with [`Error::Fatal`].
+//!
+//! The loop reaches Kafka through a seam (`io`), so its unit tests (`loop_tests`) run it on
+//! tokio's paused clock against an in-memory broker.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -38,7 +49,16 @@ use tokio_util::sync::CancellationToken;
 use crate::config::OffsetCommit;
 use crate::context::{Context, Revocations};
 use crate::dead_letter::{DeadLetterPublisher, Failure};
+use crate::producer::{OutgoingRecord, Producer};
 use crate::Error;
+
+mod held;
+mod io;
+#[cfg(test)]
+mod loop_tests;
+
+use held::Held;
+use io::{Io, KafkaIo, Route};
 
 /// A consumer built with [`crate::context::Context`].
 pub type KafkaConsumer = StreamConsumer<Context>;
@@ -60,6 +80,36 @@ pub enum Verdict {
     Retry(Failure),
     /// Can never be handled: the runtime publishes its dead letter with this failure.
     DeadLetter(Failure),
+    /// Handled once this record is published: the runtime publishes it (with
+    /// [`LoopOptions::forwards`]) and stores the offset only after the broker acknowledged it
+    /// (a non-blocking retry through a retry topic, or a dead letter of the handler's own
+    /// making).
+    Forward(Forward),
+    /// Not to be handled before this instant (a retry record whose backoff timestamp lies
+    /// ahead). The runtime holds the record, and every later record of its partition, with only
+    /// that partition paused; other partitions keep flowing and the consumer keeps being
+    /// polled. At the instant it hands them to the handler again, in order. Nothing of them is
+    /// stored meanwhile: a shutdown or a revocation leaves them to be redelivered.
+    NotBefore(tokio::time::Instant),
+}
+
+/// What a [`Verdict::Forward`] publishes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Forward {
+    pub record: OutgoingRecord,
+    /// What the forward counts as once acknowledged.
+    pub kind: ForwardKind,
+    /// Why the record was forwarded, for the log.
+    pub reason: String,
+}
+
+/// How an acknowledged [`Forward`] is counted and logged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForwardKind {
+    /// A later attempt elsewhere: `retries_total{topic}` of the source topic.
+    Retry,
+    /// A dead letter: `dlt_mensagens_total{topic}` of the destination.
+    DeadLetter,
 }
 
 impl Verdict {
@@ -78,7 +128,9 @@ pub trait Handler: Send {
     /// one verdict per record, in order. A handler may stop at the first [`Verdict::Retry`]
     /// and return fewer verdicts: the records after it are handed again, after the retried
     /// one, so an account's records are never reordered (verdicts after the first `Retry` are
-    /// ignored for the same reason). `retrying` is true when the batch starts with a record
+    /// ignored for the same reason). Likewise the verdicts after a [`Verdict::NotBefore`] of
+    /// the same partition are ignored: those records wait behind it, so a handler must not act
+    /// on them. `retrying` is true when the batch starts with a record
     /// that failed before (the ledger then settles one record per transaction). `Err` means
     /// nothing of the batch may be considered done (the database or broker is away): the
     /// whole batch is retried after a backoff, without a cap.
@@ -162,6 +214,9 @@ pub struct LoopOptions {
     /// Where [`Verdict::DeadLetter`] records (and records out of retries) go; a handler that
     /// returns such verdicts without one stops the loop ([`Error::Fatal`]).
     pub dead_letters: Option<DeadLetterPublisher>,
+    /// Publishes the records of [`Verdict::Forward`]; a handler that forwards without one
+    /// stops the loop ([`Error::Fatal`]).
+    pub forwards: Option<Producer>,
     /// Who moves the group's offsets: the loop (after the handler succeeded) or the handler's
     /// Kafka transaction; must match the consumer's configuration.
     pub offsets: OffsetCommit,
@@ -175,6 +230,7 @@ impl Default for LoopOptions {
             backoff: Backoff::default(),
             record_retry: RetryPolicy::default(),
             dead_letters: None,
+            forwards: None,
             offsets: OffsetCommit::StoredAfterHandling,
         }
     }
@@ -188,7 +244,12 @@ pub async fn run<H: Handler>(
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     assert!(options.batch_records_max > 0, "a batch holds at least one record");
-    let result = consume(&consumer, &mut handler, &options, &shutdown).await;
+    let io = KafkaIo {
+        consumer: &consumer,
+        dead_letters: options.dead_letters.as_ref().map(DeadLetterPublisher::producer),
+        forwards: options.forwards.as_ref(),
+    };
+    let result = consume(&io, &mut handler, &options, &shutdown).await;
     if options.offsets == OffsetCommit::InTransaction {
         return result; // every offset already travelled in a committed transaction
     }
@@ -199,7 +260,7 @@ pub async fn run<H: Handler>(
 
 /// Commits the offsets stored so far, synchronously and off the runtime: what a loop does when
 /// it ends. A failure is logged, not returned: the records since the last commit are redelivered.
-pub(crate) async fn commit_stored(consumer: Arc<KafkaConsumer>) -> Result<(), Error> {
+async fn commit_stored(consumer: Arc<KafkaConsumer>) -> Result<(), Error> {
     let final_commit =
         tokio::task::spawn_blocking(move || consumer.commit_consumer_state(CommitMode::Sync)).await?;
     match final_commit {
@@ -213,21 +274,33 @@ pub(crate) async fn commit_stored(consumer: Arc<KafkaConsumer>) -> Result<(), Er
 }
 
 async fn consume<H: Handler>(
-    consumer: &KafkaConsumer,
+    io: &impl Io,
     handler: &mut H,
     options: &LoopOptions,
     shutdown: &CancellationToken,
 ) -> Result<(), Error> {
-    let revocations = &consumer.context().revocations;
-    // records taken while a failed batch waited for its retry (their partitions then paused)
+    let revocations = io.revocations();
+    // records taken while a failed batch waited for its retry (their partitions then paused),
+    // and released records beyond one batch
     let mut carried = Batch::default();
     let mut paused = Paused::default();
+    // records not due yet, their partitions paused (`Verdict::NotBefore`)
+    let mut held = Held::default();
     loop {
+        let dropped = held.drop_revoked(revocations);
+        if dropped > 0 {
+            tracing::info!(dropped, "held records of partitions revoked since they were received dropped");
+        }
         let mut batch = if carried.records.is_empty() {
-            tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => return Ok(()),
-                batch = next_batch(consumer, options) => batch?,
+            let Some(mut next) = next_batch(io, options, &mut held, shutdown).await? else {
+                return Ok(()); // held records stay uncommitted: redelivered
+            };
+            if next.records.len() > options.batch_records_max {
+                let front = next.split_off_front(options.batch_records_max);
+                carried = next;
+                front
+            } else {
+                next
             }
         } else {
             carried.split_off_front(options.batch_records_max)
@@ -279,9 +352,9 @@ async fn consume<H: Handler>(
                         retry_in_ms = delay.as_millis() as u64,
                         "batch failed; retrying"
                     );
-                    paused.pause_consumed(consumer);
+                    paused.pause_consumed(io);
                     // the batch stays unacknowledged: it is redelivered after restart
-                    if wait_polling(consumer, delay, shutdown, &mut carried, &mut paused).await? {
+                    if wait_polling(io, delay, shutdown, &mut carried, &mut paused, &mut held).await? {
                         return Ok(());
                     }
                     continue;
@@ -289,57 +362,79 @@ async fn consume<H: Handler>(
             };
             metrics::histogram!("kafka_batch_handling_seconds").record(started.elapsed().as_secs_f64());
             attempt = 0;
-            let Walk { handled, mut dead_letters, retry } =
-                walk(verdicts, batch.records.len()).map_err(|error| Error::Fatal(Box::new(error)))?;
-            let prior = if handled == 0 { head_retries } else { 0 };
-            let mut handled = handled;
+            let Walk { mut fates, retry } =
+                walk(&batch.records, verdicts).map_err(|error| Error::Fatal(Box::new(error)))?;
+            // the record to retry is the first handed again; the same as last time only if it
+            // was the batch's first record
             let retry = match retry {
-                Some(failure) => match options.record_retry.after_failure(prior) {
-                    Some(delay) => Some((failure, delay)),
-                    None => {
-                        let record = &batch.records[handled];
-                        tracing::warn!(
-                            topic = record.topic(),
-                            partition = record.partition(),
-                            offset = record.offset(),
-                            attempts = prior + 1,
-                            reason = failure.message,
-                            "retries exhausted; dead-lettering the record"
-                        );
-                        dead_letters.push((handled, failure));
-                        handled += 1;
-                        None
+                Some((index, failure)) => {
+                    let prior = if index == 0 { head_retries } else { 0 };
+                    match options.record_retry.after_failure(prior) {
+                        Some(delay) => Some((failure, delay, prior)),
+                        None => {
+                            let record = &batch.records[index];
+                            tracing::warn!(
+                                topic = record.topic(),
+                                partition = record.partition(),
+                                offset = record.offset(),
+                                attempts = prior + 1,
+                                reason = failure.message,
+                                "retries exhausted; dead-lettering the record"
+                            );
+                            fates[index] = Fate::DeadLetter(failure);
+                            None
+                        }
                     }
-                },
+                }
                 None => None,
             };
-            if !dead_letters.is_empty() {
-                let Some(publisher) = &options.dead_letters else {
-                    return Err(Error::Fatal(
-                        "the handler dead-lettered a record but the loop has no dead-letter publisher".into(),
-                    ));
-                };
-                let letters: Vec<(&OwnedMessage, Failure)> = dead_letters
+            // a partition revoked while the handler ran is someone else's now: its records are
+            // redelivered there, so nothing of them is published or stored here
+            let Sorted { mut finished, outputs, held_now, again, revoked } =
+                sort(std::mem::take(&mut batch), fates, revocations, options)?;
+            if revoked > 0 {
+                tracing::info!(
+                    revoked,
+                    "records of partitions revoked while they were handled: nothing of them published or stored"
+                );
+            }
+            for (key, due, records) in held_now {
+                // what came after them from the consumer waits behind them
+                let mut records = records;
+                records.append(carried.take_partition(&key.0, key.1));
+                held.hold(io, key, due, records);
+            }
+            if !outputs.is_empty() {
+                let outputs: Vec<Output<'_>> = outputs
                     .into_iter()
-                    .map(|(index, failure)| (&batch.records[index], failure))
+                    .map(|(index, output)| output.from(&finished.records[index], finished.taken[index]))
                     .collect();
-                if !publish_all(publisher, &letters, consumer, options, shutdown, &mut carried, &mut paused)
-                    .await?
+                if !publish_all(io, &outputs, options, shutdown, &mut carried, &mut paused, &mut held).await?
                 {
-                    return Ok(()); // shut down before the dead letters were acknowledged: redelivered
+                    return Ok(()); // shut down before the outputs were acknowledged: redelivered
+                }
+                // a partition revoked while its outputs waited for the broker (the consumer is
+                // polled meanwhile) is someone else's now: publish_all dropped its outputs, so
+                // its offsets must not move, even if the partition came back since
+                let dropped = finished.drop_revoked(revocations);
+                if dropped > 0 {
+                    tracing::info!(
+                        dropped,
+                        "records of partitions revoked while their outputs waited: not stored"
+                    );
                 }
             }
-            let done = batch.split_off_front(handled);
-            if !done.records.is_empty() {
+            if !finished.records.is_empty() {
                 if options.offsets == OffsetCommit::StoredAfterHandling {
-                    store_offsets(consumer, &done.records);
+                    io.store(&next_offsets(&finished.records));
                 }
-                carried.drop_handled(&done.records);
+                carried.drop_handled(&finished.records);
             }
-            let Some((failure, delay)) = retry else {
+            batch = again;
+            let Some((failure, delay, prior)) = retry else {
                 if batch.records.is_empty() {
                     if carried.records.is_empty() {
-                        paused.resume_all(consumer);
+                        paused.resume_all(io, &held);
                     }
                     break;
                 }
@@ -361,26 +456,39 @@ async fn consume<H: Handler>(
                 reason = failure.message,
                 "record failed; retrying it in place"
             );
-            paused.pause_consumed(consumer);
-            if wait_polling(consumer, delay, shutdown, &mut carried, &mut paused).await? {
+            paused.pause_consumed(io);
+            if wait_polling(io, delay, shutdown, &mut carried, &mut paused, &mut held).await? {
                 return Ok(()); // the record and those after it stay uncommitted
             }
         }
         if carried.records.is_empty() {
-            paused.resume_all(consumer); // the whole batch was revoked during the retries
+            paused.resume_all(io, &held); // the whole batch was revoked during the retries
         }
     }
 }
 
-/// A handler's verdicts on a batch of `len` records, read in order.
+/// What became of one record of a batch, read from the handler's verdicts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Fate {
+    Done,
+    DeadLetter(Failure),
+    Forward(Forward),
+    /// Held until the instant: the record said [`Verdict::NotBefore`], or an earlier one of its
+    /// partition did.
+    Held(tokio::time::Instant),
+    /// Handed to the handler again: the record to retry and those after it (or records the
+    /// handler gave no verdict).
+    Again,
+}
+
+/// A handler's verdicts on a batch, read in order.
 #[derive(Debug, PartialEq, Eq)]
 struct Walk {
-    /// How many records, from the front, are finished (done or to dead-letter).
-    handled: usize,
-    /// (index, failure) of the records to dead-letter, in order.
-    dead_letters: Vec<(usize, Failure)>,
-    /// The failure of the record at `handled`, which is to be retried.
-    retry: Option<Failure>,
+    /// One per record of the batch.
+    fates: Vec<Fate>,
+    /// The index and failure of the record to retry: the first [`Verdict::Retry`] not in a
+    /// held partition. Every record after it that is not held is [`Fate::Again`].
+    retry: Option<(usize, Failure)>,
 }
 
 /// The handler broke [`Handler::handle`]'s contract.
@@ -393,52 +501,266 @@ struct VerdictCount {
     records: usize,
 }
 
-fn walk(verdicts: Vec<Verdict>, len: usize) -> Result<Walk, VerdictCount> {
-    let count = verdicts.len();
-    let mut walk = Walk { handled: 0, dead_letters: Vec::new(), retry: None };
-    for (index, verdict) in verdicts.into_iter().enumerate() {
-        match verdict {
-            Verdict::Done => {}
-            Verdict::DeadLetter(failure) => walk.dead_letters.push((index, failure)),
-            Verdict::Retry(failure) => {
-                walk.retry = Some(failure);
-                break;
-            }
-        }
-        walk.handled = index + 1;
-    }
-    let complete = walk.handled == len && walk.retry.is_none();
-    if count > len || !(complete || walk.retry.is_some()) {
+fn walk(records: &[OwnedMessage], verdicts: Vec<Verdict>) -> Result<Walk, VerdictCount> {
+    let (count, len) = (verdicts.len(), records.len());
+    let last_is_retry = matches!(verdicts.last(), Some(Verdict::Retry(_)));
+    if count > len || (count < len && !last_is_retry) {
         return Err(VerdictCount { verdicts: count, records: len });
     }
-    Ok(walk)
+    let mut held: Vec<((&str, i32), tokio::time::Instant)> = Vec::new();
+    let mut fates = Vec::with_capacity(len);
+    let mut retry = None;
+    let mut verdicts = verdicts.into_iter();
+    for (index, record) in records.iter().enumerate() {
+        let verdict = verdicts.next();
+        let key = (record.topic(), record.partition());
+        // behind a record of its partition that is not due: whatever its verdict says
+        if let Some((_, due)) = held.iter().find(|(held, _)| *held == key) {
+            fates.push(Fate::Held(*due));
+            continue;
+        }
+        if retry.is_some() {
+            fates.push(Fate::Again);
+            continue;
+        }
+        fates.push(match verdict {
+            Some(Verdict::Done) => Fate::Done,
+            Some(Verdict::DeadLetter(failure)) => Fate::DeadLetter(failure),
+            Some(Verdict::Forward(forward)) => Fate::Forward(forward),
+            Some(Verdict::NotBefore(due)) => {
+                held.push((key, due));
+                Fate::Held(due)
+            }
+            Some(Verdict::Retry(failure)) => {
+                retry = Some((index, failure));
+                Fate::Again
+            }
+            None => Fate::Again,
+        });
+    }
+    Ok(Walk { fates, retry })
 }
 
-/// Publishes `letters` in order until the broker acknowledged each, backing off (and
-/// polling, paused) between tries. `false` when `shutdown` came first.
+/// A batch split by the fates of its records.
+struct Sorted {
+    /// Done, dead-lettered or forwarded: stored once `outputs` are acknowledged.
+    finished: Batch,
+    /// (index in `finished`, what to publish for it).
+    outputs: Vec<(usize, Pending)>,
+    /// Per partition: when its first held record is due, and the held records.
+    held_now: Vec<((String, i32), tokio::time::Instant, Batch)>,
+    /// To hand to the handler again, in order.
+    again: Batch,
+    /// Records dropped: their partition was revoked while the handler ran.
+    revoked: usize,
+}
+
+/// An output before it is tied to its record.
+enum Pending {
+    DeadLetter(Failure),
+    Forward(Forward),
+}
+
+impl Pending {
+    fn from(self, source: &OwnedMessage, taken: u64) -> Output<'_> {
+        match self {
+            Pending::DeadLetter(failure) => Output {
+                source,
+                taken,
+                record: None,
+                route: Route::DeadLetters,
+                kind: ForwardKind::DeadLetter,
+                failure: Some(failure),
+                reason: String::new(),
+            },
+            Pending::Forward(forward) => Output {
+                source,
+                taken,
+                record: Some(forward.record),
+                route: Route::Forwards,
+                kind: forward.kind,
+                failure: None,
+                reason: forward.reason,
+            },
+        }
+    }
+}
+
+fn sort(
+    batch: Batch,
+    fates: Vec<Fate>,
+    revocations: &Revocations,
+    options: &LoopOptions,
+) -> Result<Sorted, Error> {
+    let mut sorted = Sorted {
+        finished: Batch::default(),
+        outputs: Vec::new(),
+        held_now: Vec::new(),
+        again: Batch::default(),
+        revoked: 0,
+    };
+    for ((record, taken), fate) in batch.records.into_iter().zip(batch.taken).zip(fates) {
+        if revocations.revoked_since(record.topic(), record.partition(), taken) {
+            sorted.revoked += 1;
+            continue;
+        }
+        let pending = match fate {
+            Fate::Again => {
+                sorted.again.push((record, taken));
+                continue;
+            }
+            Fate::Held(due) => {
+                let key = (record.topic().to_owned(), record.partition());
+                match sorted.held_now.iter_mut().find(|(held, _, _)| *held == key) {
+                    Some((_, _, records)) => records.push((record, taken)),
+                    None => {
+                        let mut records = Batch::default();
+                        records.push((record, taken));
+                        sorted.held_now.push((key, due, records));
+                    }
+                }
+                continue;
+            }
+            Fate::Done => None,
+            Fate::DeadLetter(failure) => {
+                if options.dead_letters.is_none() {
+                    return Err(Error::Fatal(
+                        "the handler dead-lettered a record but the loop has no dead-letter publisher".into(),
+                    ));
+                }
+                Some(Pending::DeadLetter(failure))
+            }
+            Fate::Forward(forward) => {
+                if options.forwards.is_none() {
+                    return Err(Error::Fatal(
+                        "the handler forwarded a record but the loop has no producer for forwards".into(),
+                    ));
+                }
+                Some(Pending::Forward(forward))
+            }
+        };
+        if let Some(pending) = pending {
+            sorted.outputs.push((sorted.finished.records.len(), pending));
+        }
+        sorted.finished.push((record, taken));
+    }
+    Ok(sorted)
+}
+
+/// A record the loop publishes for a record it handled, which counts as handled only once the
+/// broker acknowledged it.
+struct Output<'a> {
+    source: &'a OwnedMessage,
+    /// The [`Revocations`] tick at which `source` was taken.
+    taken: u64,
+    /// The forward, or `None` for a dead letter (written by the publisher from `failure`).
+    record: Option<OutgoingRecord>,
+    route: Route,
+    kind: ForwardKind,
+    failure: Option<Failure>,
+    reason: String,
+}
+
+impl Output<'_> {
+    /// Logs and counts the output once acknowledged.
+    fn acknowledged(&self, topic: &str) {
+        let source = self.source;
+        let reason = self.failure.as_ref().map_or(self.reason.as_str(), |failure| failure.message.as_str());
+        match self.kind {
+            ForwardKind::Retry => {
+                metrics::counter!("retries_total", "topic" => source.topic().to_owned()).increment(1);
+                tracing::info!(
+                    topic = source.topic(),
+                    partition = source.partition(),
+                    offset = source.offset(),
+                    retry_topic = topic,
+                    reason,
+                    "attempt failed; forwarded to retry topic"
+                );
+            }
+            ForwardKind::DeadLetter => {
+                metrics::counter!("dlt_mensagens_total", "topic" => topic.to_owned()).increment(1);
+                tracing::warn!(
+                    dead_letter_topic = topic,
+                    topic = source.topic(),
+                    partition = source.partition(),
+                    offset = source.offset(),
+                    reason,
+                    "record sent to dead-letter topic"
+                );
+            }
+        }
+    }
+}
+
+/// Publishes `outputs` (all at once) until the broker acknowledged each, backing off (and
+/// polling, paused) between tries; the outputs of a partition revoked meanwhile are dropped.
+/// `false` when `shutdown` came first.
 async fn publish_all(
-    publisher: &DeadLetterPublisher,
-    letters: &[(&OwnedMessage, Failure)],
-    consumer: &KafkaConsumer,
+    io: &impl Io,
+    outputs: &[Output<'_>],
     options: &LoopOptions,
     shutdown: &CancellationToken,
     carried: &mut Batch,
     paused: &mut Paused,
+    held: &mut Held,
 ) -> Result<bool, Error> {
-    let mut next = 0;
+    let records: Vec<OutgoingRecord> = outputs
+        .iter()
+        .map(|output| match (&output.record, &output.failure, &options.dead_letters) {
+            (Some(record), _, _) => record.clone(),
+            (None, Some(failure), Some(publisher)) => publisher.letter(output.source, failure),
+            _ => unreachable!("`sort` made sure of a publisher for every dead letter"),
+        })
+        .collect();
+    let revocations = io.revocations();
+    let mut pending: Vec<usize> = (0..outputs.len()).collect();
     let mut attempt = 0u32;
-    while next < letters.len() {
-        let (record, failure) = &letters[next];
-        match publisher.publish(record, failure).await {
-            Ok(_) => next += 1,
-            Err(error) => {
-                attempt += 1;
-                let delay = options.backoff.delay(attempt);
-                tracing::warn!(error = %error_chain(&error), attempt, retry_in_ms = delay.as_millis() as u64, "dead letter not published; retrying");
-                paused.pause_consumed(consumer);
-                if wait_polling(consumer, delay, shutdown, carried, paused).await? {
-                    return Ok(false);
+    while !pending.is_empty() {
+        // the consumer was polled during the last wait: a partition revoked meanwhile is
+        // someone else's, who publishes its outputs
+        let before = pending.len();
+        pending.retain(|&index| {
+            let output = &outputs[index];
+            !revocations.revoked_since(output.source.topic(), output.source.partition(), output.taken)
+        });
+        if pending.len() < before {
+            tracing::info!(
+                dropped = before - pending.len(),
+                "outputs of partitions revoked while they waited dropped"
+            );
+            if pending.is_empty() {
+                break;
+            }
+        }
+        let sent = futures::future::join_all(
+            pending.iter().map(|&index| io.publish(&records[index], outputs[index].route)),
+        )
+        .await;
+        let mut failed = Vec::new();
+        for (index, result) in pending.into_iter().zip(sent) {
+            match result {
+                Ok(()) => outputs[index].acknowledged(&records[index].topic),
+                Err(Error::Fatal(error)) => return Err(Error::Fatal(error)),
+                Err(error) => {
+                    tracing::warn!(error = %error_chain(&error), topic = records[index].topic, "output not published; retrying");
+                    failed.push(index);
                 }
+            }
+        }
+        pending = failed;
+        if !pending.is_empty() {
+            attempt += 1;
+            let delay = options.backoff.delay(attempt);
+            tracing::warn!(
+                unpublished = pending.len(),
+                attempt,
+                retry_in_ms = delay.as_millis() as u64,
+                "outputs not published; retrying"
+            );
+            paused.pause_consumed(io);
+            if wait_polling(io, delay, shutdown, carried, paused, held).await? {
+                return Ok(false);
             }
         }
     }
@@ -488,6 +810,36 @@ impl Batch {
         self.taken.push(taken);
     }
 
+    /// Each record with the tick at which it was taken, in order.
+    fn into_taken(self) -> impl Iterator<Item = (OwnedMessage, u64)> {
+        self.records.into_iter().zip(self.taken)
+    }
+
+    /// Takes the records of one partition, in order.
+    fn take_partition(&mut self, topic: &str, partition: i32) -> Batch {
+        let mut taken = Batch::default();
+        if self.records.iter().any(|record| record.topic() == topic && record.partition() == partition) {
+            let mut kept = Batch::default();
+            for (record, tick) in
+                std::mem::take(&mut self.records).into_iter().zip(std::mem::take(&mut self.taken))
+            {
+                if record.topic() == topic && record.partition() == partition {
+                    taken.push((record, tick));
+                } else {
+                    kept.push((record, tick));
+                }
+            }
+            *self = kept;
+        }
+        taken
+    }
+
+    /// Moves `other`'s records behind these.
+    fn append(&mut self, mut other: Batch) {
+        self.records.append(&mut other.records);
+        self.taken.append(&mut other.taken);
+    }
+
     /// The first `count` records as a batch of their own.
     fn split_off_front(&mut self, count: usize) -> Batch {
         let count = count.min(self.records.len());
@@ -531,22 +883,26 @@ impl Batch {
 
 /// Sleeps `delay` while polling the consumer, whose partitions are paused: a record that was
 /// already on its way is kept in `carried` (in order, handled after the failed batch) and its
-/// partition paused, so at most a few records are held. `true` when `shutdown` came first.
+/// partition paused, so at most a few records are held (or behind the held records of its
+/// partition, if it has any). `true` when `shutdown` came first.
 async fn wait_polling(
-    consumer: &KafkaConsumer,
+    io: &impl Io,
     delay: Duration,
     shutdown: &CancellationToken,
     carried: &mut Batch,
     paused: &mut Paused,
+    held: &mut Held,
 ) -> Result<bool, Error> {
     let waited = backoff(
         delay,
         shutdown,
-        || receive_taken(consumer),
+        || receive_taken(io),
         |taken: (OwnedMessage, u64)| {
-            // e.g. a partition assigned by a rebalance during the wait
-            paused.pause(consumer, taken.0.topic(), taken.0.partition());
-            carried.push(taken);
+            if let Some(taken) = held.push(io.revocations(), taken) {
+                // e.g. a partition assigned by a rebalance during the wait
+                paused.pause(io, taken.0.topic(), taken.0.partition());
+                carried.push(taken);
+            }
         },
     )
     .await?;
@@ -567,76 +923,92 @@ struct Paused(Vec<(String, i32, u64)>);
 
 impl Paused {
     /// Pauses every assigned partition that has a position (it handed out records).
-    fn pause_consumed(&mut self, consumer: &KafkaConsumer) {
-        let Ok(position) = consumer.position() else { return };
-        for element in position.elements() {
-            if matches!(element.offset(), Offset::Offset(_)) {
-                self.pause(consumer, element.topic(), element.partition());
-            }
+    fn pause_consumed(&mut self, io: &impl Io) {
+        for (topic, partition, _) in io.positions() {
+            self.pause(io, &topic, partition);
         }
     }
 
-    fn pause(&mut self, consumer: &KafkaConsumer, topic: &str, partition: i32) {
+    fn pause(&mut self, io: &impl Io, topic: &str, partition: i32) {
         if self.0.iter().any(|(paused, number, _)| paused == topic && *number == partition) {
             return;
         }
-        let mut list = TopicPartitionList::with_capacity(1);
-        list.add_partition(topic, partition);
-        match consumer.pause(&list) {
-            Ok(()) => self.0.push((topic.to_owned(), partition, consumer.context().revocations.now())),
-            Err(error) => tracing::info!(%error, topic, partition, "pause refused (revoked meanwhile?)"),
+        if io.pause(topic, partition) {
+            self.0.push((topic.to_owned(), partition, io.revocations().now()));
         }
     }
 
-    /// Resumes what [`Self::pause`] paused and was not revoked since.
-    fn resume_all(&mut self, consumer: &KafkaConsumer) {
-        let revocations = &consumer.context().revocations;
-        let mut list = TopicPartitionList::new();
+    /// Resumes what [`Self::pause`] paused and was not revoked since, except the partitions
+    /// whose records are `held` (they resume when their records are due).
+    fn resume_all(&mut self, io: &impl Io, held: &Held) {
+        let revocations = io.revocations();
+        let mut resumed = Vec::new();
         for (topic, partition, paused_at) in self.0.drain(..) {
-            if !revocations.revoked_since(&topic, partition, paused_at) {
-                list.add_partition(&topic, partition);
+            if !revocations.revoked_since(&topic, partition, paused_at) && !held.holds(&topic, partition) {
+                resumed.push((topic, partition));
             }
         }
-        if list.count() > 0 {
-            if let Err(error) = consumer.resume(&list) {
-                tracing::info!(%error, "resume refused");
-            }
-        }
+        io.resume(&resumed);
     }
 }
 
 /// How long the loop waits idle before storing the consumer's position (see [`store_position`]).
 const IDLE_POSITION_STORE: Duration = Duration::from_millis(500);
 
-/// Waits for one record, then takes more until the batch is full or `batch_wait_max` passed.
-async fn next_batch(consumer: &KafkaConsumer, options: &LoopOptions) -> Result<Batch, Error> {
-    let first = loop {
-        tokio::select! {
-            taken = receive_taken(consumer) => break taken?,
+/// The next batch: the held records that came due, or else a record and more until the batch
+/// is full or `batch_wait_max` passed (records of held partitions go behind the held ones).
+/// `None` when `shutdown` came first.
+async fn next_batch(
+    io: &impl Io,
+    options: &LoopOptions,
+    held: &mut Held,
+    shutdown: &CancellationToken,
+) -> Result<Option<Batch>, Error> {
+    loop {
+        let due = held.next_due();
+        let first = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return Ok(None),
+            _ = sleep_until(due) => {
+                let released = held.release_due(io, tokio::time::Instant::now());
+                if released.records.is_empty() {
+                    continue;
+                }
+                return Ok(Some(released));
+            }
+            taken = receive_taken(io) => taken?,
             _ = tokio::time::sleep(IDLE_POSITION_STORE), if options.offsets == OffsetCommit::StoredAfterHandling => {
-                store_position(consumer)
+                store_position(io, held);
+                continue;
+            }
+        };
+        let filled = fill_taken(io, first, options.batch_records_max, options.batch_wait_max).await?;
+        let mut batch = Batch::default();
+        for taken in filled.into_taken() {
+            if let Some(taken) = held.push(io.revocations(), taken) {
+                batch.push(taken);
             }
         }
-    };
-    fill_taken(consumer, first, options.batch_records_max, options.batch_wait_max).await
+        if !batch.records.is_empty() {
+            return Ok(Some(batch));
+        }
+    }
 }
 
-/// Takes more records after `first` until `records_max` or `wait_max` after it. Not
-/// cancel-safe: records taken are lost if the future is dropped, so never race it in a
-/// `select!` (race [`receive`] for the first record instead, which is).
-pub(crate) async fn fill(
-    consumer: &KafkaConsumer,
-    first: OwnedMessage,
-    records_max: usize,
-    wait_max: Duration,
-) -> Result<Vec<OwnedMessage>, Error> {
-    let first = (first, consumer.context().revocations.now());
-    Ok(fill_taken(consumer, first, records_max, wait_max).await?.records)
+/// Sleeps until `at`, or for ever.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
-/// [`fill`], each record with the tick at which it was taken.
+/// Takes more records after `first` until `records_max` or `wait_max` after it, each with the
+/// tick at which it was taken. Not cancel-safe: records taken are lost if the future is dropped,
+/// so never race it in a `select!` (race [`receive_taken`] for the first record instead, which
+/// is).
 async fn fill_taken(
-    consumer: &KafkaConsumer,
+    io: &impl Io,
     first: (OwnedMessage, u64),
     records_max: usize,
     wait_max: Duration,
@@ -646,7 +1018,7 @@ async fn fill_taken(
     batch.push(first);
     let deadline = tokio::time::Instant::now() + wait_max;
     while batch.records.len() < records_max {
-        match tokio::time::timeout_at(deadline, receive_taken(consumer)).await {
+        match tokio::time::timeout_at(deadline, receive_taken(io)).await {
             Ok(taken) => batch.push(taken?),
             Err(_elapsed) => break,
         }
@@ -654,32 +1026,11 @@ async fn fill_taken(
     Ok(batch)
 }
 
-/// [`receive`], with the [`Revocations`] tick right after the record was taken (a revocation
-/// served while polling for it came before it).
-async fn receive_taken(consumer: &KafkaConsumer) -> Result<(OwnedMessage, u64), Error> {
-    let record = receive(consumer).await?;
-    Ok((record, consumer.context().revocations.now()))
-}
-
-/// The next record; transient client errors are logged and waited out. Cancel-safe: a record
-/// is taken from the consumer only when this returns it.
-pub(crate) async fn receive(consumer: &KafkaConsumer) -> Result<OwnedMessage, Error> {
-    loop {
-        match consumer.recv().await {
-            Ok(message) => return Ok(message.detach()),
-            Err(error) if is_fatal(&error) => {
-                return Err(Error::Consumer { operation: "receive", source: error })
-            }
-            Err(error) => {
-                tracing::warn!(%error, "consumer error; continuing");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
-}
-
-fn is_fatal(error: &KafkaError) -> bool {
-    matches!(error.rdkafka_error_code(), Some(rdkafka::types::RDKafkaErrorCode::Fatal))
+/// The next record ([`Io::receive`], cancel-safe), with the [`Revocations`] tick right after it
+/// was taken (a revocation served while polling for it came before it).
+async fn receive_taken(io: &impl Io) -> Result<(OwnedMessage, u64), Error> {
+    let record = io.receive().await?;
+    Ok((record, io.revocations().now()))
 }
 
 /// Per partition, the offset after its last record in `records`: what a consumer commits (or
@@ -699,38 +1050,22 @@ pub fn next_offsets<'a>(records: impl IntoIterator<Item = &'a OwnedMessage>) -> 
     offsets
 }
 
-/// Stores, per partition, the offset after the batch's last record of that partition.
-pub(crate) fn store_offsets(consumer: &KafkaConsumer, batch: &[OwnedMessage]) {
-    // a partition revoked while the batch ran is someone else's now: its records will be
-    // redelivered there, which the idempotent handlers absorb
-    if let Err(error) = consumer.store_offsets(&next_offsets(batch)) {
-        tracing::info!(%error, "offsets not stored (partitions revoked?)");
-    }
-}
-
 /// While idle, every record delivered so far has been handled (batches are handled before the
-/// next is taken, and a failed one never leaves the retry loop), so the consumer's position may
-/// be stored. It matters on transactional topics: the position moves past the commit markers,
+/// next is taken, and a failed one never leaves the retry loop), except the held ones, so the
+/// consumer's position may be stored for every partition that holds none. It matters on transactional topics: the position moves past the commit markers,
 /// which are never delivered, so the committed offset reaches the end of the partition and
 /// `kafka_consumer_lag` reads exactly 0 once the group has drained its input.
-fn store_position(consumer: &KafkaConsumer) {
-    let Ok(position) = consumer.position() else { return };
-    let mut offsets = TopicPartitionList::with_capacity(position.count());
-    for element in position.elements() {
-        if let Offset::Offset(offset) = element.offset() {
-            if offsets
-                .add_partition_offset(element.topic(), element.partition(), Offset::Offset(offset))
-                .is_err()
-            {
-                return;
-            }
+fn store_position(io: &impl Io, held: &Held) {
+    let positions = io.positions();
+    let mut offsets = TopicPartitionList::with_capacity(positions.len());
+    // a held partition's position is past its held records, which are not handled yet
+    let unheld = positions.into_iter().filter(|(topic, partition, _)| !held.holds(topic, *partition));
+    for (topic, partition, offset) in unheld {
+        if offsets.add_partition_offset(&topic, partition, Offset::Offset(offset)).is_err() {
+            return;
         }
     }
-    if offsets.count() > 0 {
-        if let Err(error) = consumer.store_offsets(&offsets) {
-            tracing::debug!(%error, "idle position not stored");
-        }
-    }
+    io.store(&offsets);
 }
 
 pub use telemetry::error_chain;
@@ -842,16 +1177,50 @@ mod tests {
     #[test]
     fn verdicts_are_read_in_order_up_to_the_first_retry() {
         use Verdict::{DeadLetter, Done, Retry};
-        let walked = walk(vec![Done, DeadLetter(failure("poison")), Done], 3).expect("complete");
-        assert_eq!(walked, Walk { handled: 3, dead_letters: vec![(1, failure("poison"))], retry: None });
+        let three = [record("a", 0, 1), record("a", 0, 2), record("a", 1, 3)];
+        let walked = walk(&three, vec![Done, DeadLetter(failure("poison")), Done]).expect("complete");
+        assert_eq!(
+            walked,
+            Walk { fates: vec![Fate::Done, Fate::DeadLetter(failure("poison")), Fate::Done], retry: None }
+        );
         // a retry ends the walk: what follows it waits for it, whatever its verdict
-        let walked = walk(vec![Done, Retry(failure("busy")), Done], 3).expect("retry");
-        assert_eq!(walked, Walk { handled: 1, dead_letters: vec![], retry: Some(failure("busy")) });
-        let walked = walk(vec![Retry(failure("busy"))], 3).expect("a handler may stop at a retry");
-        assert_eq!(walked.handled, 0);
+        let walked = walk(&three, vec![Done, Retry(failure("busy")), Done]).expect("retry");
+        assert_eq!(
+            walked,
+            Walk { fates: vec![Fate::Done, Fate::Again, Fate::Again], retry: Some((1, failure("busy"))) }
+        );
+        let walked = walk(&three, vec![Retry(failure("busy"))]).expect("a handler may stop at a retry");
+        assert_eq!(walked.fates, [Fate::Again, Fate::Again, Fate::Again]);
         // too few verdicts without a retry, or too many: the handler is broken
-        assert!(walk(vec![Done], 2).is_err());
-        assert!(walk(vec![Done, Done], 1).is_err());
+        assert!(walk(&three[..2], vec![Done]).is_err());
+        assert!(walk(&three[..1], vec![Done, Done]).is_err());
+    }
+
+    #[test]
+    fn a_record_not_due_holds_the_rest_of_its_partition_and_nothing_else() {
+        use Verdict::{Done, NotBefore, Retry};
+        let due = tokio::time::Instant::now() + Duration::from_secs(4);
+        let batch =
+            [record("a", 0, 1), record("a", 1, 7), record("a", 0, 2), record("a", 1, 8), record("a", 0, 3)];
+        // the verdicts behind a NotBefore of the same partition mean nothing, a retry included
+        let walked =
+            walk(&batch, vec![NotBefore(due), Done, Done, Done, Retry(failure("busy"))]).expect("walk");
+        assert_eq!(
+            walked,
+            Walk {
+                fates: vec![Fate::Held(due), Fate::Done, Fate::Held(due), Fate::Done, Fate::Held(due)],
+                retry: None
+            }
+        );
+        // a retry of another partition still holds back what follows it, except the held ones
+        let walked = walk(&batch, vec![Done, NotBefore(due), Retry(failure("busy"))]).expect("walk");
+        assert_eq!(
+            walked,
+            Walk {
+                fates: vec![Fate::Done, Fate::Held(due), Fate::Again, Fate::Held(due), Fate::Again],
+                retry: Some((2, failure("busy")))
+            }
+        );
     }
 
     #[test]

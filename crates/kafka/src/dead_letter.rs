@@ -125,6 +125,16 @@ impl DeadLetterPublisher {
         Self { producer, group: group.into() }
     }
 
+    /// The producer the dead letters go out with.
+    pub(crate) fn producer(&self) -> &Producer {
+        &self.producer
+    }
+
+    /// `record`'s dead letter.
+    pub(crate) fn letter(&self, record: &OwnedMessage, failure: &Failure) -> OutgoingRecord {
+        dead_letter(record, &self.group, failure)
+    }
+
     /// Sends `record`'s dead letter and waits for the broker's acknowledgement.
     pub async fn publish(&self, record: &OwnedMessage, failure: &Failure) -> Result<Delivered, Error> {
         let letter = dead_letter(record, &self.group, failure);

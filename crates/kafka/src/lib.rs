@@ -10,8 +10,9 @@
 //!   every client, watched for a client left with no broker (`rebootstrap`).
 //! - [`producer`]: the idempotent `acks=all` producer and [`producer::OutgoingRecord`].
 //! - [`transactional`]: the transactional producer, its blocking calls kept off the runtime.
-//! - [`consumer`]: the one consumer loop: batches to a handler, offsets stored only after the
-//!   handler succeeded, blocking retries with backoff, graceful shutdown.
+//! - [`consumer`]: the one consumer loop: batches to a handler, a verdict per record, offsets
+//!   stored only after the work (and any forward or dead letter) is durable, blocking retries
+//!   with backoff, records held until due with only their partition paused, graceful shutdown.
 //! - [`dead_letter`]: dead letters with Spring Kafka's `kafka_dlt-*` headers.
 //! - [`dlt`]: list and replay dead letters, count those not yet replayed.
 //! - [`retry_topic`]: non-blocking retries through retry topics (Spring's `retry_topic-*` and

@@ -12,7 +12,7 @@ use crate::context::Context;
 use crate::Error;
 
 /// A record to publish, owning its bytes so it can wait in a retry or a batch.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutgoingRecord {
     pub topic: String,
     /// `None`: the partitioner decides from the key (murmur2, as Java).

@@ -6,15 +6,16 @@
 //! (attempt 2, 3, …), each a consumer group of its own. After the last attempt, or at once for
 //! a failure that no retry can fix, the record goes to `<topic>-dlt`.
 //!
-//! A retry stage never processes a record before its `retry_topic-backoff-timestamp`. It waits
-//! by **pausing only that record's partition** and holding the record (and any later ones of
-//! that partition already received) in memory until it is due; every other partition and topic
-//! keeps flowing. librdkafka resumes a paused partition from the position after the last record
-//! handed to the application, so nothing held is fetched twice and nothing after it is skipped.
-//! Held records are not committed: a crash or a revoked partition redelivers them.
-//!
-//! Offsets move only after a record was handled or forwarded and the broker acknowledged the
-//! forward (`acks=all`).
+//! Each stage is a [`Handler`] on the one consumer runtime ([`crate::consumer`]), which owns
+//! polling, pausing, revocations, offsets and shutdown. A retry stage never processes a record
+//! before its `retry_topic-backoff-timestamp` (the last value): it answers
+//! [`ConsumerVerdict::NotBefore`] for it, and the runtime holds it, and the rest of its
+//! partition, **pausing only that partition** until it is due; every other partition and
+//! topic keeps flowing and the consumer keeps being polled. Held records are not committed: a
+//! shutdown, a crash or a revoked partition redelivers them. The records that are due are
+//! attempted concurrently; each failure becomes a [`ConsumerVerdict::Forward`] to the next
+//! retry topic or to `-dlt`, and the runtime stores its offset only after the broker
+//! acknowledged the forward (`acks=all`).
 //!
 //! # Headers, as Spring Kafka 4.x writes and reads them
 //! A forwarded record keeps every header it had. The `kafka_original-*` family and
@@ -29,20 +30,20 @@
 //! `Headers.lastHeader`). A stage reads only the backoff timestamp; the attempt it makes is its
 //! own (its place in the chain), not the header's.
 
-use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use rdkafka::consumer::Consumer;
 use rdkafka::message::{Headers, Message, OwnedMessage};
-use rdkafka::TopicPartitionList;
 use tokio_util::sync::CancellationToken;
 
 use contracts::headers::{decode_big_integer, encode_big_integer, encode_int, encode_long, retry};
 use contracts::topics::{dead_letter_topic, retry_topic};
 
-use crate::consumer::{header, KafkaConsumer};
+use crate::config::OffsetCommit;
+use crate::consumer::{
+    header, Backoff, Forward, ForwardKind, Handler, KafkaConsumer, LoopOptions, Verdict as ConsumerVerdict,
+};
 use crate::dead_letter::Failure;
 use crate::producer::{OutgoingRecord, Producer};
 use crate::Error;
@@ -218,7 +219,7 @@ pub fn due_at_ms(record: &OwnedMessage) -> Option<i64> {
     header(record, retry::BACKOFF_TIMESTAMP).and_then(|value| decode_big_integer(value).ok())
 }
 
-/// Limits of a stage's loop.
+/// Limits of a stage.
 #[derive(Debug, Clone)]
 pub struct StageOptions {
     /// Most records taken from the consumer at once.
@@ -227,8 +228,8 @@ pub struct StageOptions {
     pub batch_wait_max: Duration,
     /// Most attempts running at once.
     pub concurrency: usize,
-    /// Pause between tries to forward records while the broker refuses them.
-    pub forward_backoff: Duration,
+    /// Pauses between tries to forward records while the broker refuses them.
+    pub forward_backoff: Backoff,
 }
 
 impl Default for StageOptions {
@@ -237,15 +238,14 @@ impl Default for StageOptions {
             batch_records_max: 256,
             batch_wait_max: Duration::from_millis(5),
             concurrency: 64,
-            forward_backoff: Duration::from_millis(500),
+            forward_backoff: Backoff::default(),
         }
     }
 }
 
-type PartitionKey = (String, i32);
-
-/// Runs `stage` of `chain` on `consumer` (subscribed to the stage's topics) until `shutdown`;
-/// forwards failures with `producer`. Returns after committing what was handled.
+/// Runs `stage` of `chain` on `consumer` (subscribed to the stage's topics) until `shutdown`,
+/// on the one consumer runtime ([`crate::consumer::run`]); forwards failures with `producer`.
+/// Returns after committing what was handled.
 pub async fn run<A: Attempt>(
     consumer: Arc<KafkaConsumer>,
     attempt: Arc<A>,
@@ -255,232 +255,90 @@ pub async fn run<A: Attempt>(
     options: StageOptions,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
-    let mut runner = StageRunner {
-        consumer: consumer.clone(),
-        attempt,
-        producer,
-        chain,
-        stage,
-        options,
-        held: BTreeMap::new(),
+    let loop_options = LoopOptions {
+        batch_records_max: options.batch_records_max,
+        batch_wait_max: options.batch_wait_max,
+        backoff: options.forward_backoff,
+        forwards: Some(producer),
+        offsets: OffsetCommit::StoredAfterHandling,
+        ..LoopOptions::default()
     };
-    let result = runner.consume(&shutdown).await;
-    crate::consumer::commit_stored(consumer).await?;
-    result
+    let handler = StageHandler { attempt, chain, stage, concurrency: options.concurrency.max(1) };
+    crate::consumer::run(consumer, handler, loop_options, shutdown).await
 }
 
-struct StageRunner<A> {
-    consumer: Arc<KafkaConsumer>,
+/// One stage as a [`Handler`]: a record not due yet is [`ConsumerVerdict::NotBefore`] (the
+/// runtime holds it with only its partition paused), the others are attempted concurrently
+/// and each failure becomes a [`ConsumerVerdict::Forward`] down the chain (the runtime stores
+/// the offset once the broker acknowledged the forward).
+struct StageHandler<A> {
     attempt: Arc<A>,
-    producer: Producer,
     chain: Chain,
     stage: Stage,
-    options: StageOptions,
-    /// Paused partitions and the records received for them that are not due yet, in offset
-    /// order.
-    held: BTreeMap<PartitionKey, VecDeque<OwnedMessage>>,
+    /// Most attempts running at once.
+    concurrency: usize,
 }
 
-impl<A: Attempt> StageRunner<A> {
-    async fn consume(&mut self, shutdown: &CancellationToken) -> Result<(), Error> {
-        loop {
-            let wake = self.next_due().map(instant_of);
-            let ready = tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => return Ok(()),
-                _ = sleep_until_opt(wake), if wake.is_some() => self.take_due(),
-                // only the first record is raced: once one is taken, the batch is filled to
-                // the end (a dropped half-filled batch would lose the records it holds)
-                first = crate::consumer::receive(&self.consumer) => {
-                    let batch = crate::consumer::fill(&self.consumer, first?, self.options.batch_records_max, self.options.batch_wait_max).await?;
-                    self.sort(batch)
-                }
-            };
-            if ready.is_empty() {
+impl<A: Attempt> Handler for StageHandler<A> {
+    type Error = std::convert::Infallible;
+
+    async fn handle(
+        &mut self,
+        batch: &[OwnedMessage],
+        _retrying: bool,
+    ) -> Result<Vec<ConsumerVerdict>, Self::Error> {
+        let (now, now_instant) = (now_ms(), tokio::time::Instant::now());
+        let mut verdicts: Vec<Option<ConsumerVerdict>> = vec![None; batch.len()];
+        // partitions whose next record is not due: the rest of the partition waits behind it
+        let mut waiting: Vec<((&str, i32), tokio::time::Instant)> = Vec::new();
+        let mut due_now = Vec::with_capacity(batch.len());
+        for (index, record) in batch.iter().enumerate() {
+            let key = (record.topic(), record.partition());
+            if let Some((_, at)) = waiting.iter().find(|(waiting, _)| *waiting == key) {
+                verdicts[index] = Some(ConsumerVerdict::NotBefore(*at));
                 continue;
             }
-            if !self.process(ready, shutdown).await {
-                return Ok(()); // shut down before the forwards were acknowledged: redelivered
-            }
-        }
-    }
-
-    /// The earliest backoff timestamp among held records.
-    fn next_due(&self) -> Option<i64> {
-        self.held
-            .values()
-            .filter_map(|queue| queue.front())
-            .map(|record| due_at_ms(record).unwrap_or(0))
-            .min()
-    }
-
-    /// Splits a fresh batch into records to process now and records to hold (pausing their
-    /// partitions).
-    fn sort(&mut self, batch: Vec<OwnedMessage>) -> Vec<OwnedMessage> {
-        let now = now_ms();
-        let mut ready = Vec::with_capacity(batch.len());
-        let mut to_pause = Vec::new();
-        for record in batch {
-            let key = (record.topic().to_owned(), record.partition());
-            if let Some(queue) = self.held.get_mut(&key) {
-                // a partition re-assigned after a rebalance starts again from its committed
-                // offset, unpaused: a record already held is not held twice, and the
-                // partition is paused again
-                if queue.back().is_none_or(|last| last.offset() < record.offset()) {
-                    queue.push_back(record);
-                }
-                if !to_pause.contains(&key) {
-                    to_pause.push(key);
-                }
-                continue;
-            }
-            let due = if self.stage.waits_for_backoff { due_at_ms(&record) } else { None };
+            let due = if self.stage.waits_for_backoff { due_at_ms(record) } else { None };
             match due {
                 Some(due) if due > now => {
-                    tracing::debug!(
-                        topic = key.0,
-                        partition = key.1,
-                        offset = record.offset(),
-                        wait_ms = due - now,
-                        "record not due; partition paused"
-                    );
-                    to_pause.push(key.clone());
-                    self.held.insert(key, VecDeque::from([record]));
+                    // never earlier than the wall clock reaches `due` (`now` is rounded down)
+                    let at = now_instant + Duration::from_millis((due - now) as u64);
+                    waiting.push((key, at));
+                    verdicts[index] = Some(ConsumerVerdict::NotBefore(at));
                 }
-                _ => ready.push(record),
+                _ => due_now.push(index),
             }
         }
-        if !to_pause.is_empty() {
-            self.set_paused(&to_pause, true);
-        }
-        ready
-    }
-
-    /// Takes the held records that are due now, resuming every partition left with none.
-    fn take_due(&mut self) -> Vec<OwnedMessage> {
-        let now = now_ms();
-        let assigned = self.consumer.assignment().ok();
-        let mut ready = Vec::new();
-        let mut to_resume = Vec::new();
-        self.held.retain(|key, queue| {
-            // a revoked partition's records are its new owner's: redelivered from the commit
-            if let Some(assigned) = &assigned {
-                if assigned.find_partition(&key.0, key.1).is_none() {
-                    to_resume.push(key.clone()); // harmless if it is gone, needed if it came back
-                    return false;
-                }
-            }
-            while queue.front().is_some_and(|record| due_at_ms(record).unwrap_or(0) <= now) {
-                ready.extend(queue.pop_front());
-            }
-            if queue.is_empty() {
-                to_resume.push(key.clone());
-                false
-            } else {
-                true
-            }
-        });
-        if !to_resume.is_empty() {
-            self.set_paused(&to_resume, false);
-        }
-        ready
-    }
-
-    fn set_paused(&self, partitions: &[PartitionKey], pause: bool) {
-        let mut list = TopicPartitionList::with_capacity(partitions.len());
-        for (topic, partition) in partitions {
-            list.add_partition(topic, *partition);
-        }
-        let result = if pause { self.consumer.pause(&list) } else { self.consumer.resume(&list) };
-        if let Err(error) = result {
-            // revoked meanwhile: nothing to pause or resume any more
-            tracing::info!(%error, pause, "pause/resume refused");
-        }
-    }
-
-    /// Attempts every record of `ready`, forwards the failures, then stores the offsets.
-    /// Returns false when shutdown came before the forwards were acknowledged.
-    async fn process(&mut self, ready: Vec<OwnedMessage>, shutdown: &CancellationToken) -> bool {
-        let limit = tokio::sync::Semaphore::new(self.options.concurrency.max(1));
+        let limit = tokio::sync::Semaphore::new(self.concurrency);
         let attempt = &*self.attempt;
-        let verdicts: Vec<Verdict> =
-            futures::future::join_all(ready.iter().map(|record| attempt_limited(attempt, &limit, record)))
-                .await;
-        let now = now_ms();
-        let mut forwards = Vec::new();
-        for (record, verdict) in ready.iter().zip(verdicts) {
-            let base = self.stage.base_of(record.topic()).to_owned();
-            let (failure, destination) = match verdict {
-                Verdict::Done => continue,
-                Verdict::Retry(failure) => (failure, self.chain.after_failure(&base, self.stage.attempt)),
+        let outcomes = futures::future::join_all(
+            due_now.iter().map(|&index| attempt_limited(attempt, &limit, &batch[index])),
+        )
+        .await;
+        let failed_at = now_ms();
+        for (index, outcome) in due_now.into_iter().zip(outcomes) {
+            let record = &batch[index];
+            let base = self.stage.base_of(record.topic());
+            let (failure, destination) = match outcome {
+                Verdict::Done => {
+                    verdicts[index] = Some(ConsumerVerdict::Done);
+                    continue;
+                }
+                Verdict::Retry(failure) => (failure, self.chain.after_failure(base, self.stage.attempt)),
                 Verdict::Reject(failure) => {
-                    (failure, Destination::DeadLetter { topic: dead_letter_topic(&base) })
+                    (failure, Destination::DeadLetter { topic: dead_letter_topic(base) })
                 }
             };
-            forwards.push((record, failure, destination));
+            let kind = match destination {
+                Destination::Retry { .. } => ForwardKind::Retry,
+                Destination::DeadLetter { .. } => ForwardKind::DeadLetter,
+            };
+            let forward =
+                forwarded(record, &self.stage.group, &failure, self.stage.attempt, &destination, failed_at);
+            verdicts[index] =
+                Some(ConsumerVerdict::Forward(Forward { record: forward, kind, reason: failure.message }));
         }
-        let records: Vec<OutgoingRecord> = forwards
-            .iter()
-            .map(|(record, failure, destination)| {
-                forwarded(record, &self.stage.group, failure, self.stage.attempt, destination, now)
-            })
-            .collect();
-        if !self.send_all(&records, shutdown).await {
-            return false;
-        }
-        for ((record, failure, destination), _) in forwards.iter().zip(&records) {
-            match destination {
-                Destination::Retry { topic, attempt, .. } => {
-                    metrics::counter!("retries_total", "topic" => record.topic().to_owned()).increment(1);
-                    tracing::info!(
-                        topic = record.topic(),
-                        partition = record.partition(),
-                        offset = record.offset(),
-                        retry_topic = topic,
-                        attempt,
-                        reason = failure.message,
-                        "attempt failed; forwarded to retry topic"
-                    );
-                }
-                Destination::DeadLetter { topic } => {
-                    metrics::counter!("dlt_mensagens_total", "topic" => topic.clone()).increment(1);
-                    tracing::warn!(
-                        topic = record.topic(),
-                        partition = record.partition(),
-                        offset = record.offset(),
-                        dead_letter_topic = topic,
-                        reason = failure.message,
-                        "record sent to dead-letter topic"
-                    );
-                }
-            }
-        }
-        crate::consumer::store_offsets(&self.consumer, &ready);
-        true
-    }
-
-    /// Sends `records` until the broker acknowledged every one, or shutdown.
-    async fn send_all(&self, records: &[OutgoingRecord], shutdown: &CancellationToken) -> bool {
-        let mut pending: Vec<&OutgoingRecord> = records.iter().collect();
-        while !pending.is_empty() {
-            let results =
-                futures::future::join_all(pending.iter().map(|record| self.producer.send(record))).await;
-            let mut failed = Vec::new();
-            for (record, result) in pending.into_iter().zip(results) {
-                if let Err(error) = result {
-                    tracing::warn!(error = %crate::consumer::error_chain(&error), topic = record.topic, "forward failed; retrying");
-                    failed.push(record);
-                }
-            }
-            pending = failed;
-            if !pending.is_empty() {
-                tokio::select! {
-                    _ = shutdown.cancelled() => return false,
-                    _ = tokio::time::sleep(self.options.forward_backoff) => {}
-                }
-            }
-        }
-        true
+        Ok(verdicts.into_iter().map(|verdict| verdict.expect("a verdict for every record")).collect())
     }
 }
 
@@ -493,19 +351,6 @@ async fn attempt_limited<A: Attempt>(
     // the semaphore lives as long as the batch and is never closed
     let _permit = limit.acquire().await.ok();
     attempt.attempt(record).await
-}
-
-/// The tokio instant of epoch-ms `due`.
-fn instant_of(due: i64) -> tokio::time::Instant {
-    let wait = (due - now_ms()).max(0) as u64;
-    tokio::time::Instant::now() + Duration::from_millis(wait)
-}
-
-async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
 }
 
 #[cfg(test)]

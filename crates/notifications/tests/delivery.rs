@@ -92,6 +92,34 @@ impl Running {
         .await
     }
 
+    /// Proves that no call is still to come for what the test sent before with `key` on
+    /// `topic`, without a quiet time window: sends a marker notification there (so it lands on
+    /// the same partition of every stage's topic) whose calls are refused until the last of
+    /// `stages` (main, retry-1000, …), and waits for that call. Each stage takes a partition's
+    /// records in order (a record not yet due holds back those behind it), and at every stage
+    /// the marker is due after whatever was ahead of it, so once its last call came, each stage
+    /// it passed has made every call it would make for those: one that has not come, never
+    /// will. Returns the marker's event id.
+    async fn marker(&self, topic: &str, key: &str, stages: usize) -> Uuid {
+        let marker = Uuid::new_v4();
+        self.receiver.script(marker, &vec![Reply::Status(503); stages - 1]);
+        let payload = match topic {
+            topics::REJECTED => json!({"eventoId": marker, "transferenciaId": Uuid::new_v4(),
+                "motivo": "SALDO_INSUFICIENTE", "rejeitadaEm": "2026-12-04T10:00:00Z"}),
+            _ => {
+                json!({"eventoId": marker, "transferenciaId": Uuid::new_v4(), "liquidadaEm": "2026-12-04T10:00:00Z"})
+            }
+        };
+        self.publish(topic, key, payload.to_string().into_bytes()).await;
+        self.wait_calls(marker, stages, Duration::from_secs(60)).await;
+        marker
+    }
+
+    /// Every committed record of `topic`'s `-dlt`, read to its end (no time window).
+    async fn all_dead_letters(&self, topic: &str) -> Vec<OwnedMessage> {
+        testkit::read_to_end(&self.topics.args, &self.topics.topic(&topics::dead_letter_topic(topic))).await
+    }
+
     /// Reads `count` records of the settled topic's `-dlt`.
     async fn dead_letters(&self, count: usize) -> Vec<OwnedMessage> {
         let config = kafka::config::consumer_config(
@@ -158,10 +186,12 @@ async fn a_flaky_receiver_gets_three_calls_a_second_then_two_seconds_apart() {
             Some(notifications::webhook::signature(SECRET, payload.as_bytes()).as_str())
         );
     }
-    // delivered on the third call: no fourth one comes, nothing is dead-lettered
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(running.receiver.calls_for(event).len(), 3);
     eprintln!("measured retry gaps: {:?}, {:?}", gap(&calls, 0), gap(&calls, 1));
+    // delivered on the third call: no fourth one comes (from any stage, retry-4000 included),
+    // nothing is dead-lettered
+    running.marker(topics::REJECTED, "CC-001", 4).await;
+    assert_eq!(running.receiver.calls_for(event).len(), 3);
+    assert!(running.all_dead_letters(topics::REJECTED).await.is_empty(), "a dead letter");
     running.stop().await;
 }
 
@@ -231,10 +261,6 @@ async fn an_always_failing_receiver_gets_four_calls_then_the_record_is_dead_lett
     let group = running.topics.args.group("notificacoes");
     assert_eq!(decode_text(header(letter, "kafka_dlt-original-consumer-group")), Ok(group.as_str()));
 
-    // no fifth call
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(running.receiver.calls_for(event).len(), 4);
-
     let metrics = testkit::eventually("the dead-letter gauge", Duration::from_secs(20), || async {
         let metrics = running.metrics().await;
         let retained = format!("dlt_mensagens_retidas{{topic=\"{settled}-dlt\"}} 1");
@@ -252,6 +278,11 @@ async fn an_always_failing_receiver_gets_four_calls_then_the_record_is_dead_lett
     ] {
         assert!(metrics.contains(&expected), "{expected} missing from /metrics");
     }
+
+    // no fifth call, from any stage
+    running.marker(topics::SETTLED, "CC-002", 4).await;
+    assert_eq!(running.receiver.calls_for(event).len(), 4);
+    assert_eq!(running.all_dead_letters(topics::SETTLED).await.len(), 1, "dead-lettered once");
     running.stop().await;
 }
 
@@ -350,10 +381,16 @@ async fn a_client_error_is_dead_lettered_after_one_call_and_garbage_after_none()
         letters.iter().find(|letter| letter.payload() != Some(&b"{not json"[..])).expect("refused letter");
     assert_eq!(header(refused, "kafka_exception-cause-fqcn"), b"http::status::StatusCode");
     assert_eq!(header(garbage, "kafka_exception-cause-fqcn"), b"serde_json::Error");
-    // nothing more: one call for the 400, none for the garbage
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // nothing more: one call for the 400 (none from retry-1000), none for the garbage
+    let marker = running.marker(topics::SETTLED, "CC-003", 2).await;
     assert_eq!(running.receiver.calls_for(event).len(), 1);
-    assert_eq!(running.receiver.calls().len(), 1);
+    let others: Vec<_> = running
+        .receiver
+        .calls()
+        .into_iter()
+        .filter(|call| call.idempotency_key.as_deref() != Some(marker.to_string().as_str()))
+        .collect();
+    assert_eq!(others.len(), 1, "calls other than the marker's: {others:?}");
     running.stop().await;
 }
 
@@ -364,7 +401,8 @@ async fn a_receiver_that_does_not_answer_in_time_is_retried() {
     running.receiver.script(event, &[Reply::After(Duration::from_secs(3), 200), Reply::Status(200)]);
     let calls = running.wait_calls(event, 2, Duration::from_secs(20)).await;
     assert!(gap(&calls, 0) >= Duration::from_millis(1300), "retried after {:?}", gap(&calls, 0));
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // delivered on the second call: no third one, from retry-2000 or any other stage
+    running.marker(topics::SETTLED, "CC-004", 3).await;
     assert_eq!(running.receiver.calls_for(event).len(), 2);
     let metrics = running.metrics().await;
     assert!(metrics.contains("notificacoes_webhook_total{resultado=\"entregue\"}"), "{metrics}");

@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use kafka::config::{consumer_config, OffsetCommit};
 use kafka::rdkafka::message::Message;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -49,29 +48,33 @@ async fn a_broker_restart_mid_stream_loses_and_doubles_nothing() {
 
     let ids: Vec<Uuid> = (0..INPUTS).map(|_| Uuid::new_v4()).collect();
     let feed = testkit::feed_requests(&topics, ids.clone(), Duration::from_millis(150));
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let output_topics = [topics.topic(topics::ANALYSED), topics.topic(topics::REJECTED)];
+    // the restart lands mid-stream: once outputs are being committed
+    testkit::eventually("the first outputs", testkit::PATIENCE, || async {
+        let mut written = 0;
+        for topic in &output_topics {
+            written += testkit::records_written(&topics.args, topic).await;
+        }
+        (written >= 50).then_some(())
+    })
+    .await;
     testkit::stack(&["restart", "kafka"]).await;
     feed.await.expect("feed");
 
-    let reader = kafka::consumer::subscribe(
-        &consumer_config(&topics.args, "test", &unique("reader"), OffsetCommit::StoredAfterHandling),
-        &[&topics.topic(topics::ANALYSED), &topics.topic(topics::REJECTED)],
-    )
-    .expect("reader");
-    let mut outputs: HashMap<String, usize> = HashMap::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    let mut quiet_until = None;
-    while let Ok(record) = tokio::time::timeout_at(quiet_until.unwrap_or(deadline), reader.recv()).await {
-        let record = record.expect("receive");
-        let event: Value = serde_json::from_slice(record.payload().expect("payload")).expect("json");
-        *outputs.entry(event["transferenciaId"].as_str().expect("id").to_owned()).or_default() += 1;
-        if outputs.len() == INPUTS && quiet_until.is_none() {
-            quiet_until = Some(tokio::time::Instant::now() + Duration::from_secs(3));
-        }
-    }
+    // every input handled (its offset travels in the transaction of its output), then the
+    // service stopped: the output topics hold all it will ever write
+    let group = topics.args.group(topics::groups::ANTIFRAUD);
+    testkit::consumed(&topics.args, &group, &[topics.topic(topics::REQUESTED)]).await;
     shutdown.cancel();
     tracker.close();
     tokio::time::timeout(Duration::from_secs(30), tracker.wait()).await.expect("drains");
+    let mut outputs: HashMap<String, usize> = HashMap::new();
+    for topic in &output_topics {
+        for record in testkit::read_to_end(&topics.args, topic).await {
+            let event: Value = serde_json::from_slice(record.payload().expect("payload")).expect("json");
+            *outputs.entry(event["transferenciaId"].as_str().expect("id").to_owned()).or_default() += 1;
+        }
+    }
     assert_eq!(outputs.len(), INPUTS, "missing outputs");
     assert!(outputs.values().all(|count| *count == 1), "an input has more than one committed output");
     for id in &ids {

@@ -73,17 +73,18 @@ async fn held_records_are_neither_lost_nor_early_while_others_stream_in() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-    let attempts = eventually("every record attempted", Duration::from_secs(30), || async {
-        let attempts = recorder.attempts.lock().expect("lock").clone();
-        (attempts.len() == count).then_some(attempts)
+    eventually("every record attempted", testkit::PATIENCE, || async {
+        (recorder.attempts.lock().expect("lock").len() == count).then_some(())
     })
     .await;
+    // stopped: every attempt it will ever make is recorded
+    shutdown.cancel();
+    run.await.expect("stage task").expect("stage");
+    let attempts = recorder.attempts.lock().expect("lock").clone();
     let early: Vec<_> = attempts.iter().filter(|(_, runs)| runs.iter().any(|(due, ran)| ran < due)).collect();
     assert!(early.is_empty(), "{} records ran before they were due: {:?}", early.len(), early.first());
     let repeated = attempts.values().filter(|runs| runs.len() > 1).count();
     assert_eq!(repeated, 0, "records attempted more than once without a failure or restart");
-    shutdown.cancel();
-    run.await.expect("stage task").expect("stage");
 }
 
 /// The offset committed for `group` on partition 0 of `topic` (`None`: nothing committed).

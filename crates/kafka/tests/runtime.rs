@@ -17,7 +17,7 @@ use kafka::transactional::TransactionalProducer;
 use kafka::KafkaArgs;
 use testkit::{eventually, unique, TestTopics};
 
-const WAIT: Duration = Duration::from_secs(60);
+const WAIT: Duration = testkit::PATIENCE;
 
 fn producer(args: &KafkaArgs) -> Producer {
     Producer::new(&producer_config(args, "test", Duration::ZERO)).expect("producer")

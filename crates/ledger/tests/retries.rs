@@ -14,7 +14,7 @@ use serde_json::Value;
 use sqlx::{Connection, Executor, PgConnection};
 use uuid::Uuid;
 
-use common::{entry_counts, header, nothing_more, receive, spawn_ledger, TestLedger};
+use common::{entry_counts, header, receive, spawn_ledger, TestLedger};
 use contracts::headers::dlt;
 use contracts::topics;
 
@@ -54,7 +54,6 @@ async fn a_transfer_failing_transiently_three_times_is_settled_once() {
     let ledger = spawn_ledger().await;
     ledger.create_account("CC-A", "BRL", 1_000).await;
     ledger.create_account("CC-B", "BRL", 0).await;
-    let dead_letters = ledger.reader(&topics::dead_letter_topic(topics::ANALYSED));
     let flaky = Uuid::new_v4();
     fail_transiently(&ledger, flaky, 3).await;
 
@@ -67,7 +66,8 @@ async fn a_transfer_failing_transiently_three_times_is_settled_once() {
     assert_eq!(failures_so_far(&ledger).await, 4, "three failures, then the attempt that passed");
     assert_eq!(entry_counts(ledger.pool(), flaky).await, (1, 1));
     assert_eq!((ledger.balance("CC-A").await, ledger.balance("CC-B").await), (500, 500));
-    assert!(nothing_more(&dead_letters, Duration::from_secs(1)).await);
+    ledger.caught_up().await;
+    assert_eq!(ledger.written(&topics::dead_letter_topic(topics::ANALYSED)).await, 0, "dead-lettered");
     let retries = format!("retries_total{{topic=\"{}\"}}", ledger.topics.topic(topics::ANALYSED));
     let metrics = ledger.metrics().await;
     assert!(metrics.lines().any(|line| line.starts_with(&retries) && !line.ends_with(" 0")), "{metrics}");
@@ -104,7 +104,12 @@ async fn a_transfer_whose_retries_run_out_is_dead_lettered_and_the_rest_goes_on(
     // the batch attempt, then one attempt and three retries on its own
     assert_eq!(failures_so_far(&ledger).await, 5);
     assert_eq!((ledger.balance("CC-A").await, ledger.balance("CC-B").await), (700, 300));
-    assert!(nothing_more(&dead_letters, Duration::from_secs(1)).await);
+    ledger.caught_up().await;
+    assert_eq!(
+        ledger.written(&topics::dead_letter_topic(topics::ANALYSED)).await,
+        1,
+        "only the hopeless one"
+    );
     ledger.stop().await;
 }
 
@@ -147,20 +152,27 @@ async fn while_the_database_is_gone_the_ledger_waits_and_dead_letters_nothing() 
     let ledger = spawn_ledger().await;
     ledger.create_account("CC-A", "BRL", 100_000).await;
     ledger.create_account("CC-B", "BRL", 0).await;
-    let dead_letters = ledger.reader(&topics::dead_letter_topic(topics::ANALYSED));
     let ids: Vec<Uuid> = (0..30).map(|_| Uuid::new_v4()).collect();
 
     ledger.close_database().await;
     for id in &ids {
         ledger.publish_transfer(*id, "CC-A", "CC-B", 100, "BRL").await;
     }
-    testkit::eventually("readiness to fail", Duration::from_secs(30), || async {
+    testkit::eventually("readiness to fail", testkit::PATIENCE, || async {
         (readiness(&ledger).await == 503).then_some(())
     })
     .await;
-    // longer than the test retry policy's whole budget (10 + 20 + 40 ms): the records must
-    // still be waiting, not dead-lettered
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // the settler has failed 4 times, more than the test retry policy allows a record (one
+    // attempt and 3 retries): the records must still be waiting, not dead-lettered. (The batch
+    // backoff is the loop's default, 0.5 s doubling: about 8 s.)
+    let retries = format!("retries_total{{topic=\"{}\"}} ", ledger.topics.topic(topics::ANALYSED));
+    testkit::eventually("failures past a record's retry budget", testkit::PATIENCE, || async {
+        let metrics = ledger.metrics().await;
+        let count: u64 =
+            metrics.lines().find_map(|line| line.strip_prefix(retries.as_str()))?.parse().ok()?;
+        (count >= 4).then_some(())
+    })
+    .await;
     let response = ledger.http.get(ledger.url("/contas/CC-A")).send().await.expect("GET");
     assert_eq!(response.status(), 503, "the API says the database is unreachable");
 
@@ -168,12 +180,14 @@ async fn while_the_database_is_gone_the_ledger_waits_and_dead_letters_nothing() 
     for id in &ids {
         assert_eq!(ledger.decided(*id).await.0, "LIQUIDADA");
     }
-    testkit::eventually("readiness to return", Duration::from_secs(30), || async {
+    testkit::eventually("readiness to return", testkit::PATIENCE, || async {
         (readiness(&ledger).await == 200).then_some(())
     })
     .await;
     assert_eq!((ledger.balance("CC-A").await, ledger.balance("CC-B").await), (97_000, 3_000));
-    assert!(nothing_more(&dead_letters, Duration::from_secs(1)).await, "a healthy record was dead-lettered");
+    ledger.caught_up().await;
+    let dead_letter_topic = topics::dead_letter_topic(topics::ANALYSED);
+    assert_eq!(ledger.written(&dead_letter_topic).await, 0, "a healthy record was dead-lettered");
     ledger.assert_books_balance().await;
     ledger.stop().await;
 }
@@ -184,7 +198,6 @@ async fn a_postgres_restart_mid_stream_loses_nothing_and_dead_letters_nothing() 
     let ledger = spawn_ledger().await;
     ledger.create_account("CC-A", "BRL", 1_000_000).await;
     ledger.create_account("CC-B", "BRL", 0).await;
-    let dead_letters = ledger.reader(&topics::dead_letter_topic(topics::ANALYSED));
     let ids: Vec<Uuid> = (0..400).map(|_| Uuid::new_v4()).collect();
     let feeding = {
         let ids = ids.clone();
@@ -206,14 +219,24 @@ async fn a_postgres_restart_mid_stream_loses_nothing_and_dead_letters_nothing() 
             }
         })
     };
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // the restart lands mid-stream: once some transfers are settled
+    testkit::eventually("the first transfers settled", testkit::PATIENCE, || async {
+        let decided: i64 = sqlx::query_scalar("SELECT count(*) FROM transferencia_processada")
+            .fetch_one(ledger.pool())
+            .await
+            .ok()?;
+        (decided >= 20).then_some(())
+    })
+    .await;
     testkit::stack(&["restart", "postgres"]).await;
     feeding.await.expect("feed");
     for id in &ids {
         assert_eq!(ledger.decided(*id).await.0, "LIQUIDADA");
     }
     assert_eq!(ledger.balance("CC-B").await, 40_000);
-    assert!(nothing_more(&dead_letters, Duration::from_secs(1)).await, "a healthy record was dead-lettered");
+    ledger.caught_up().await;
+    let dead_letter_topic = topics::dead_letter_topic(topics::ANALYSED);
+    assert_eq!(ledger.written(&dead_letter_topic).await, 0, "a healthy record was dead-lettered");
     ledger.assert_books_balance().await;
     ledger.stop().await;
 }
@@ -236,7 +259,7 @@ async fn a_statement_cancelled_by_the_statement_timeout_is_retried_never_dead_le
     blocker.execute("SELECT 1 FROM conta WHERE id = 'CC-A' FOR UPDATE").await.expect("lock CC-A");
     let stuck = Uuid::new_v4();
     ledger.publish_transfer(stuck, "CC-A", "CC-B", 300, "BRL").await;
-    testkit::eventually("the settler waiting for CC-A's lock", Duration::from_secs(30), || async {
+    testkit::eventually("the settler waiting for CC-A's lock", testkit::PATIENCE, || async {
         let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE NOT granted")
             .fetch_one(ledger.pool())
             .await
@@ -251,7 +274,7 @@ async fn a_statement_cancelled_by_the_statement_timeout_is_retried_never_dead_le
     .fetch_one(ledger.pool())
     .await
     .expect("rollbacks");
-    testkit::eventually("several cancelled attempts", Duration::from_secs(30), || async {
+    testkit::eventually("several cancelled attempts", testkit::PATIENCE, || async {
         let now: i64 = sqlx::query_scalar(
             "SELECT coalesce(sum(xact_rollback), 0)::bigint FROM pg_stat_database WHERE datname = current_database()",
         )

@@ -120,7 +120,7 @@ async fn a_crash_between_publish_and_mark_publishes_again_with_the_same_id_once_
     let relay = fixture.relay(RelayOptions::fast("test"));
     let mut connection = fixture.database.pool.acquire().await.expect("connection");
     let never = CancellationToken::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let deadline = tokio::time::Instant::now() + testkit::PATIENCE;
     loop {
         let cycle = relay.cycle(&mut connection, &never).await.expect("cycle");
         if cycle != Cycle::default() {
@@ -171,7 +171,9 @@ async fn only_one_relay_is_active_and_a_standby_takes_over() {
     let fixture = fixture(1).await;
     let reader = fixture.reader();
     let (first_stop, second_stop) = (CancellationToken::new(), CancellationToken::new());
-    let first = tokio::spawn(fixture.relay(RelayOptions::fast("test")).run(first_stop.clone()));
+    let first_relay = fixture.relay(RelayOptions::fast("test"));
+    let first_instance = first_relay.instance();
+    let first = tokio::spawn(first_relay.run(first_stop.clone()));
     let pool = fixture.database.pool.clone();
     let holders = || async {
         sqlx::query_scalar::<_, i64>(
@@ -182,19 +184,36 @@ async fn only_one_relay_is_active_and_a_standby_takes_over() {
         .await
         .expect("locks")
     };
-    eventually("the first relay to hold the lock", Duration::from_secs(30), || async {
+    eventually("the first relay to hold the lock", testkit::PATIENCE, || async {
         (holders().await == 1).then_some(())
     })
     .await;
-    let second = tokio::spawn(fixture.relay(RelayOptions::fast("test")).run(second_stop.clone()));
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(holders().await, 1, "the second relay stands by");
+    let second_relay = fixture.relay(RelayOptions::fast("test"));
+    let second_instance = second_relay.instance();
+    let second = tokio::spawn(second_relay.run(second_stop.clone()));
 
+    // every row is claimed (and so marked) by the relay that publishes it: the standby, woken
+    // by the same notifications, published none of them
+    let mut ids = Vec::new();
     for n in 0..20 {
-        fixture.insert("CC-001", &format!(r#"{{"n":{n}}}"#)).await;
+        ids.push(fixture.insert("CC-001", &format!(r#"{{"n":{n}}}"#)).await);
     }
     let records = receive(&reader, 20).await;
     assert_eq!(records.len(), 20);
+    let publishers = |ids: Vec<Uuid>| {
+        let pool = fixture.database.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, Option<Uuid>>(
+                "SELECT reservado_por FROM outbox_evento WHERE id = ANY($1)",
+            )
+            .bind(ids)
+            .fetch_all(&pool)
+            .await
+            .expect("publishers")
+        }
+    };
+    let by = publishers(ids.clone()).await;
+    assert!(by.iter().all(|relay| *relay == Some(first_instance)), "the standby published: {by:?}");
 
     // the active relay stops; the standby takes over and publishes what comes next
     first_stop.cancel();
@@ -202,15 +221,20 @@ async fn only_one_relay_is_active_and_a_standby_takes_over() {
     let late = fixture.insert("CC-001", r#"{"n":20}"#).await;
     let record = receive(&reader, 1).await.remove(0);
     assert_eq!(event_id(&record), late.to_string());
-    eventually("nothing pending", Duration::from_secs(30), || async {
+    assert_eq!(publishers(vec![late]).await, [Some(second_instance)], "published by the standby");
+    eventually("nothing pending", testkit::PATIENCE, || async {
         (fixture.pending().await == 0).then_some(())
     })
     .await;
     second_stop.cancel();
     second.await.expect("second relay stops");
-    // every event exactly once: no crash happened, so no duplicate either
-    let none_more = tokio::time::timeout(Duration::from_millis(1000), reader.recv()).await.is_err();
-    assert!(none_more, "an event was published twice without a crash");
+    // every event exactly once (no crash happened, so no duplicate either): both relays have
+    // stopped, so the topic holds all it will ever hold of them
+    ids.push(late);
+    let published: Vec<String> =
+        testkit::read_to_end(&fixture.topics.args, &fixture.topic).await.iter().map(event_id).collect();
+    let expected: Vec<String> = ids.iter().map(Uuid::to_string).collect();
+    assert_eq!(published, expected, "an event was published twice without a crash, or out of order");
 }
 
 #[tokio::test]
@@ -286,7 +310,7 @@ async fn with_the_broker_unreachable_no_transaction_holds_the_rows_and_shutdown_
     // the relay is inside its cycle, waiting for a broker that does not answer
     let pool = fixture.database.pool.clone();
     // (or, were it to claim in a transaction kept open for the publish, to idle in it)
-    eventually("the relay to claim the rows", Duration::from_secs(30), || async {
+    eventually("the relay to claim the rows", testkit::PATIENCE, || async {
         let claimed: bool = sqlx::query_scalar(
             "SELECT (SELECT count(*) FROM outbox_evento WHERE reservado_por = $1 AND reservado_ate > now()) = 5 \
              OR EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() \
@@ -356,7 +380,7 @@ async fn a_dead_relays_rows_are_published_when_its_lease_ends_and_before_later_r
     let position = |id: Uuid| order.iter().position(|seen| *seen == id.to_string()).expect("published");
     assert!(position(first) < position(second), "CC-001 out of order: {order:?}");
     // the broker acknowledges before the relay marks: the marks come a moment after the records
-    eventually("nothing pending", Duration::from_secs(30), || async {
+    eventually("nothing pending", testkit::PATIENCE, || async {
         (fixture.pending().await == 0).then_some(())
     })
     .await;
@@ -373,12 +397,13 @@ async fn a_relay_whose_lease_ended_and_was_taken_cannot_mark_the_rows() {
     let id = fixture.insert("CC-001", r#"{"n":1}"#).await;
     let pool = &fixture.database.pool;
     let (slow, next) = (Uuid::new_v4(), Uuid::new_v4());
-    assert_eq!(claim(pool, slow, 10, Duration::from_secs(1)).await.expect("claim").len(), 1);
+    // a lease a busy machine cannot outlive between these two statements
+    assert_eq!(claim(pool, slow, 10, Duration::from_secs(5)).await.expect("claim").len(), 1);
     assert!(
         claim(pool, next, 10, Duration::from_secs(60)).await.expect("claim").is_empty(),
         "the lease holds"
     );
-    eventually("the lease to end and the next relay to take the row", Duration::from_secs(30), || async {
+    eventually("the lease to end and the next relay to take the row", testkit::PATIENCE, || async {
         (!claim(pool, next, 10, Duration::from_secs(60)).await.expect("claim").is_empty()).then_some(())
     })
     .await;
@@ -411,9 +436,9 @@ async fn a_relay_waiting_for_the_broker_keeps_renewing_its_lease() {
         .expect("lease")
         .flatten()
     };
-    let first = eventually("the relay to lease the row", Duration::from_secs(30), leased_until).await;
+    let first = eventually("the relay to lease the row", testkit::PATIENCE, leased_until).await;
     // a lease of one second, renewed while the broker does not answer: it moves past its end
-    eventually("the lease to be renewed past its first end", Duration::from_secs(30), || async {
+    eventually("the lease to be renewed past its first end", testkit::PATIENCE, || async {
         leased_until().await.filter(|until| *until > first + time::Duration::seconds(1))
     })
     .await;

@@ -62,6 +62,17 @@ async fn every_input_answered(topics: &TestTopics) {
     }
 }
 
+/// Waits until antifraude's group has committed at least `count` inputs (or all of them): the
+/// instances running now are at work. Each input counts once, whatever was written for it.
+async fn inputs_committed(topics: &TestTopics, count: usize) {
+    let (group, input) = (topics.args.group(topics::groups::ANTIFRAUD), topics.topic(topics::REQUESTED));
+    let count = count.min(INPUTS) as i64;
+    testkit::eventually(&format!("{count} inputs committed"), testkit::PATIENCE, || async {
+        (testkit::committed(&topics.args, &group, &input).await >= count).then_some(())
+    })
+    .await;
+}
+
 fn assert_exactly_once(ids: &[Uuid], outputs: &HashMap<String, usize>, total: usize) {
     assert_eq!(outputs.len(), INPUTS, "missing outputs: {} of {INPUTS} inputs seen", outputs.len());
     let doubled = outputs.values().filter(|count| **count > 1).count();
@@ -80,8 +91,11 @@ async fn sigkill_mid_stream_twice_leaves_exactly_one_output_per_input() {
     let ids: Vec<Uuid> = (0..INPUTS).map(|_| Uuid::new_v4()).collect();
     let feeding = testkit::feed_requests(&topics, ids.clone(), Duration::from_millis(100));
     let mut service = antifraude(&topics, &transactional_prefix);
-    for pause_ms in [1_200, 1_500] {
-        tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+    // each instance killed once it has committed inputs of its own
+    let mut committed = 0;
+    for _ in 0..2 {
+        committed += 200;
+        inputs_committed(&topics, committed).await;
         service.kill().await.expect("SIGKILL");
         service = antifraude(&topics, &transactional_prefix);
     }
@@ -101,7 +115,8 @@ async fn when_one_of_two_instances_dies_the_other_takes_over_without_duplicates(
     let mut first = antifraude_instance(&topics, &transactional_prefix, "first");
     let mut second = antifraude_instance(&topics, &transactional_prefix, "second");
     let feeding = testkit::feed_requests(&topics, ids.clone(), Duration::from_millis(100));
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // the first dies once the pair is at work
+    inputs_committed(&topics, 300).await;
     first.kill().await.expect("SIGKILL the first instance");
     feeding.await.expect("feed");
     every_input_answered(&topics).await;
@@ -130,7 +145,7 @@ async fn a_resumed_zombie_with_the_same_transactional_id_is_fenced() {
         }
         sum
     };
-    testkit::eventually("the first instance's outputs", Duration::from_secs(60), || async {
+    testkit::eventually("the first instance's outputs", testkit::PATIENCE, || async {
         (written().await >= 100).then_some(())
     })
     .await;
@@ -147,7 +162,7 @@ async fn a_resumed_zombie_with_the_same_transactional_id_is_fenced() {
     let frozen_at = written().await;
     // the replacement, same transactional id: it fences the frozen one and carries on
     let mut replacement = antifraude_instance(&topics, &transactional_prefix, "same");
-    testkit::eventually("the replacement's outputs", Duration::from_secs(120), || async {
+    testkit::eventually("the replacement's outputs", testkit::PATIENCE, || async {
         (written().await >= frozen_at + 200).then_some(())
     })
     .await;

@@ -75,7 +75,7 @@ async fn start_services(system: &System, webhook_url: &str) -> Running {
         running.children.push(command.spawn().unwrap_or_else(|error| panic!("start {service}: {error}")));
         running.logs.push((service.to_owned(), log_path));
     }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    let deadline = tokio::time::Instant::now() + testkit::PATIENCE;
     for (service, _, index) in SERVICES {
         let url = format!("http://127.0.0.1:{}/readyz", system.ports[index]);
         loop {
@@ -123,7 +123,7 @@ async fn each_service_as_its_own_user_and_a_forged_analysis_moves_no_money() {
     let first = system.transfer("SEC-A", "SEC-B", 2_500).await.expect("accepted");
     assert_eq!(system.final_status(&first).await.0, "LIQUIDADA", "{}", running.tails());
     assert_eq!((system.balance("SEC-A").await, system.balance("SEC-B").await), (7_500, 2_500));
-    testkit::eventually("notificacoes delivered the settlement", Duration::from_secs(60), || async {
+    testkit::eventually("notificacoes delivered the settlement", testkit::PATIENCE, || async {
         receiver.calls().iter().any(|call| String::from_utf8_lossy(&call.body).contains(&first)).then_some(())
     })
     .await;
@@ -201,14 +201,14 @@ impl ProducerContext for Errors {
     fn delivery(&self, _: &DeliveryResult<'_>, _: Self::DeliveryOpaque) {}
 }
 
-/// Connects with `args` and asks for metadata for up to 20 s: the topic names seen, or what
+/// Connects with `args` and asks for metadata for up to 60 s: the topic names seen, or what
 /// librdkafka reported instead.
 async fn connect(args: KafkaArgs) -> Result<Vec<String>, Vec<String>> {
     tokio::task::spawn_blocking(move || {
         let config: ClientConfig = kafka::config::admin_config(&args, "security-probe");
         let errors = Errors::default();
         let producer: BaseProducer<Errors> = config.create_with_context(errors.clone()).expect("client");
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
         while std::time::Instant::now() < deadline {
             if let Ok(metadata) = producer.client().fetch_metadata(None, Duration::from_secs(2)) {
                 return Ok(metadata.topics().iter().map(|topic| topic.name().to_owned()).collect());

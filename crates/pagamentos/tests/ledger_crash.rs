@@ -7,7 +7,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use kafka::config::{consumer_config, producer_config, OffsetCommit};
+use kafka::config::producer_config;
 use kafka::producer::{OutgoingRecord, Producer};
 use kafka::rdkafka::message::Message;
 use serde_json::{json, Value};
@@ -15,7 +15,7 @@ use tokio::process::Child;
 use uuid::Uuid;
 
 use contracts::topics;
-use testkit::{unique, TestDatabase, TestTopics};
+use testkit::{TestDatabase, TestTopics};
 
 const TRANSFERS: usize = 2_000;
 const ACCOUNTS: usize = 40;
@@ -60,27 +60,27 @@ fn feed(topics: &TestTopics, ids: Vec<Uuid>) -> tokio::task::JoinHandle<()> {
     })
 }
 
-/// Outcome events per transfer id from a `read_committed` reader, read until every transfer
-/// has one and 3 s more pass.
+/// Outcome events per transfer id: both outcome topics read to their end (the caller has
+/// stopped the ledger, whose outbox had published every row: they hold all it ever sent).
 async fn outcome_events(topics: &TestTopics) -> HashMap<String, Vec<Vec<u8>>> {
-    let reader = kafka::consumer::subscribe(
-        &consumer_config(&topics.args, "test", &unique("reader"), OffsetCommit::StoredAfterHandling),
-        &[&topics.topic(topics::SETTLED), &topics.topic(topics::REJECTED)],
-    )
-    .expect("reader");
     let mut events: HashMap<String, Vec<Vec<u8>>> = HashMap::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    let mut quiet_until: Option<tokio::time::Instant> = None;
-    while let Ok(record) = tokio::time::timeout_at(quiet_until.unwrap_or(deadline), reader.recv()).await {
-        let record = record.expect("receive");
-        let bytes = record.payload().expect("payload").to_vec();
-        let event: Value = serde_json::from_slice(&bytes).expect("json");
-        events.entry(event["transferenciaId"].as_str().expect("id").to_owned()).or_default().push(bytes);
-        if events.len() == TRANSFERS && quiet_until.is_none() {
-            quiet_until = Some(tokio::time::Instant::now() + Duration::from_secs(3));
+    for topic in [topics.topic(topics::SETTLED), topics.topic(topics::REJECTED)] {
+        for record in testkit::read_to_end(&topics.args, &topic).await {
+            let bytes = record.payload().expect("payload").to_vec();
+            let event: Value = serde_json::from_slice(&bytes).expect("json");
+            events.entry(event["transferenciaId"].as_str().expect("id").to_owned()).or_default().push(bytes);
         }
     }
     events
+}
+
+/// How many transfers the ledger has decided.
+async fn decided(database: &TestDatabase) -> usize {
+    let decided: i64 = sqlx::query_scalar("SELECT count(*) FROM transferencia_processada")
+        .fetch_one(&database.pool)
+        .await
+        .expect("decided");
+    decided as usize
 }
 
 #[tokio::test]
@@ -94,15 +94,20 @@ async fn sigkill_mid_stream_twice_settles_every_transfer_exactly_once() {
     let ids: Vec<Uuid> = (0..TRANSFERS).map(|_| Uuid::new_v4()).collect();
     let mut service = ledger(&topics, &database);
     let feeding = feed(&topics, ids.clone());
-    for pause_ms in [1_500, 1_500] {
-        tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+    // each instance killed once it has decided transfers of its own
+    for _ in 0..2 {
+        let target = (decided(&database).await + 200).min(TRANSFERS);
+        testkit::eventually(&format!("{target} transfers decided"), testkit::PATIENCE, || async {
+            (decided(&database).await >= target).then_some(())
+        })
+        .await;
         service.kill().await.expect("SIGKILL");
         service = ledger(&topics, &database);
     }
     feeding.await.expect("feed");
 
     let pool = &database.pool;
-    testkit::eventually("every transfer decided and announced", Duration::from_secs(120), || async {
+    testkit::eventually("every transfer decided and announced", testkit::PATIENCE, || async {
         let (decided, pending): (i64, i64) = sqlx::query_as(
             "SELECT (SELECT count(*) FROM transferencia_processada), \
                     (SELECT count(*) FROM outbox_evento WHERE publicado_em IS NULL)",
@@ -113,8 +118,8 @@ async fn sigkill_mid_stream_twice_settles_every_transfer_exactly_once() {
         (decided == TRANSFERS as i64 && pending == 0).then_some(())
     })
     .await;
-    let events = outcome_events(&topics).await;
     service.kill().await.expect("stop");
+    let events = outcome_events(&topics).await;
 
     // the database: one decision per transfer, the right one, and money moved once
     let decisions: Vec<(Uuid, String, Option<String>, i64, i64)> = sqlx::query_as(

@@ -97,7 +97,7 @@ async fn a_stall_is_counted_from_when_requests_were_due() {
         .spawn()
         .expect("start loadgen");
     // freeze it once load is flowing (a slow machine may take a while to start loadgen)
-    testkit::eventually("loadgen's first transfers", Duration::from_secs(60), || async {
+    testkit::eventually("loadgen's first transfers", testkit::PATIENCE, || async {
         let accepted: i64 = sqlx::query_scalar("SELECT count(*) FROM transferencia")
             .fetch_one(&system.transfers_db.pool)
             .await
@@ -132,7 +132,7 @@ async fn transfers_that_never_finish_are_reported_lost() {
     let _ledger = ledger.spawn().expect("start ledger");
     for port in &system.ports[..2] {
         let url = format!("http://127.0.0.1:{port}/readyz");
-        testkit::eventually(&format!("{url} ready"), Duration::from_secs(60), || async {
+        testkit::eventually(&format!("{url} ready"), testkit::PATIENCE, || async {
             system.http.get(&url).send().await.ok()?.status().is_success().then_some(())
         })
         .await;

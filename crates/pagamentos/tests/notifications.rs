@@ -77,27 +77,36 @@ async fn killed_while_records_wait_in_retry_topics_loses_none() {
     }
 
     let mut service = notifications(&topics, &url);
-    testkit::eventually("first attempts", Duration::from_secs(30), || async {
+    testkit::eventually("first attempts", testkit::PATIENCE, || async {
         (receiver.calls().len() >= EVENTS).then_some(())
     })
     .await;
-    // now every record waits in retry-1000 (or is on its way to retry-2000)
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // killed once every record waits in retry-1000 (or is on its way to retry-2000)
+    let first_retries = topics.topic(&topics::retry_topic(topics::SETTLED, 1_000));
+    testkit::eventually("every record forwarded to retry-1000", testkit::PATIENCE, || async {
+        (testkit::records_written(&topics.args, &first_retries).await >= EVENTS as i64).then_some(())
+    })
+    .await;
     kill(&mut service).await;
     let calls_at_first_kill = receiver.calls().len();
 
+    // and its successor killed once it is at work (it has called the webhook itself)
     let mut service = notifications(&topics, &url);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    testkit::eventually("the restarted service's first calls", testkit::PATIENCE, || async {
+        (receiver.calls().len() > calls_at_first_kill).then_some(())
+    })
+    .await;
     kill(&mut service).await;
     let calls_at_second_kill = receiver.calls().len();
 
     let mut service = notifications(&topics, &url);
-    testkit::eventually("every notification delivered", Duration::from_secs(90), || async {
+    testkit::eventually("every notification delivered", testkit::PATIENCE, || async {
         // the third call of each event is answered 200
         events.iter().all(|event| receiver.calls_for(event).len() >= 3).then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(8)).await; // let duplicates, if any, arrive
+    // every stage has committed all it was given: its calls, forwards and dead letters are done
+    testkit::notifications_consumed(&topics.args).await;
     kill(&mut service).await;
     let total = receiver.calls().len();
     let extra = total - 3 * EVENTS;
@@ -127,7 +136,7 @@ async fn dead_letters_are_replayed_once_and_never_twice() {
         receiver.script(event, &[Reply::Status(400)]);
         refused.push(event);
     }
-    let letters = testkit::eventually("three dead letters", Duration::from_secs(30), || async {
+    let letters = testkit::eventually("three dead letters", testkit::PATIENCE, || async {
         let (code, stdout, _) = dlt(&topics, &["list", "transferencias.liquidada-dlt", "--json"]).await;
         let letters: Value = serde_json::from_str(&stdout).ok()?;
         (code == 0 && letters.as_array()?.len() == 3).then_some(letters)
@@ -168,7 +177,7 @@ async fn dead_letters_are_replayed_once_and_never_twice() {
     let one = ["replay", "transferencias.liquidada-dlt", "--partition", &partition, "--offset", &offset];
     let (code, stdout, stderr) = dlt(&topics, &one).await;
     assert_eq!(code, 0, "{stdout}{stderr}");
-    testkit::eventually("the replayed notification delivered", Duration::from_secs(20), || async {
+    testkit::eventually("the replayed notification delivered", testkit::PATIENCE, || async {
         (receiver.calls().len() == 4).then_some(())
     })
     .await;
@@ -183,7 +192,7 @@ async fn dead_letters_are_replayed_once_and_never_twice() {
     let (code, stdout, stderr) = dlt(&topics, &["replay", "transferencias.liquidada-dlt", "--all"]).await;
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("2 replayed"), "{stdout}");
-    testkit::eventually("every replayed notification delivered", Duration::from_secs(20), || async {
+    testkit::eventually("every replayed notification delivered", testkit::PATIENCE, || async {
         refused.iter().all(|event| receiver.calls_for(event).len() == 2).then_some(())
     })
     .await;
@@ -195,6 +204,8 @@ async fn dead_letters_are_replayed_once_and_never_twice() {
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("0 replayed"), "{stdout}");
     assert_eq!(testkit::records_written(&topics.args, &settled).await, written, "--all again wrote");
+    // the service has done all it will for what was written: no call beyond these
+    testkit::notifications_consumed(&topics.args).await;
     assert_eq!(receiver.calls().len(), 6, "each refused notification called twice, no more");
     let (_, stdout, _) = dlt(&topics, &["list", "transferencias.liquidada-dlt", "--json"]).await;
     assert_eq!(serde_json::from_str::<Value>(&stdout).expect("json"), json!([]));
@@ -317,7 +328,7 @@ async fn a_spring_dead_letter_with_a_value_per_hop_is_listed_by_its_last_and_rep
     // due at once: its last backoff value is the time it was dead-lettered
     let due = kafka::retry_topic::due_at_ms(&replayed).expect("a backoff timestamp");
     assert!(due < replayed_at, "due {} ms after the replay", due - replayed_at);
-    testkit::eventually("the replayed notification delivered", Duration::from_secs(30), || async {
+    testkit::eventually("the replayed notification delivered", testkit::PATIENCE, || async {
         (!receiver.calls_for(event).is_empty()).then_some(())
     })
     .await;

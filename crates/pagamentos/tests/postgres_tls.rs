@@ -7,7 +7,6 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions as _, Connection as _};
@@ -155,7 +154,7 @@ async fn the_ledger_runs_on_a_verify_full_url() {
         .expect("start pagamentos ledger");
 
     // it migrated on start and keeps its pool open, every session encrypted
-    let sessions = testkit::eventually("the ledger's sessions", Duration::from_secs(60), || {
+    let sessions = testkit::eventually("the ledger's sessions", testkit::PATIENCE, || {
         if let Ok(Some(status)) = ledger.try_wait() {
             panic!("pagamentos ledger exited with {status} on a verify-full URL");
         }

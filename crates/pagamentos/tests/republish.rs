@@ -64,6 +64,17 @@ async fn status(system: &System, id: &str) -> String {
     body["status"].as_str().expect("status").to_owned()
 }
 
+/// The age `text` gives `id` ("<id>: PENDENTE for <N> s" or "<id> PENDENTE for <N> s"), in
+/// seconds; the test aged the transfer by 600 s, and a slow run only adds to that.
+fn pending_age_s(text: &str, id: &str) -> u64 {
+    let line = text
+        .lines()
+        .find(|line| line.contains(id) && line.contains("PENDENTE for "))
+        .unwrap_or_else(|| panic!("{id} is not named PENDENTE in:\n{text}"));
+    let after = line.split_once("PENDENTE for ").expect("the age").1;
+    after.split(' ').next().and_then(|age| age.parse().ok()).unwrap_or_else(|| panic!("no age in {line}"))
+}
+
 async fn outbox_rows_of(system: &System, id: Uuid) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM outbox_evento WHERE payload::jsonb ->> 'transferenciaId' = $1")
         .bind(id.to_string())
@@ -122,25 +133,28 @@ async fn a_lost_request_event_is_sent_again_and_settles_once() {
     assert_eq!(code, 1, "{report}");
     assert!(
         report.contains("BROKEN invariant 4 pending-too-long")
-            && report.contains(&format!("{lost_id}: PENDENTE for 6"))
+            && report.contains(&format!("{lost_id}: PENDENTE for "))
             && report.contains("not decided by the ledger"),
         "{report}"
     );
+    assert!(pending_age_s(&report, &lost_id) >= 600, "{report}");
 
     // a dry run writes nothing
     let (code, out) = republish(&system, &["--dry-run"]).await;
     assert_eq!(code, 0, "{out}");
     assert!(
-        out.contains(&format!("{lost_id} PENDENTE for 6")) && out.contains("would be sent again"),
+        out.contains(&format!("{lost_id} PENDENTE for ")) && out.contains("would be sent again"),
         "{out}"
     );
+    assert!(pending_age_s(&out, &lost_id) >= 600, "{out}");
     assert!(out.ends_with("republish: would send 1, 0 already waiting, 0 not found (dry run)\n"), "{out}");
     assert_eq!(outbox_rows_of(&system, lost.id).await, 0);
 
     // the stuck one is sent again (the recent marker is not stuck) and settles
     let (code, out) = republish(&system, &["--pending-older-than", "5m"]).await;
     assert_eq!(code, 0, "{out}");
-    assert!(out.contains(&format!("{lost_id} PENDENTE for 6")) && out.contains("queued again"), "{out}");
+    assert!(out.contains(&format!("{lost_id} PENDENTE for ")) && out.contains("queued again"), "{out}");
+    assert!(pending_age_s(&out, &lost_id) >= 600, "{out}");
     assert!(!out.contains(&marker), "{out}");
     assert!(out.ends_with("republish: queued 1, 0 already waiting, 0 not found\n"), "{out}");
     assert_eq!(system.final_status(&lost_id).await.0, "LIQUIDADA");

@@ -6,7 +6,6 @@
 mod common;
 
 use std::process::Stdio;
-use std::time::Duration;
 
 use common::system::System;
 use testkit::webhook::Receiver;
@@ -34,7 +33,7 @@ async fn no_secret_given_to_a_service_appears_in_its_debug_log() {
     system.open_account("SECRET-B", 0).await;
     let id = system.transfer("SECRET-A", "SECRET-B", 2_500).await.expect("accepted");
     assert_eq!(system.final_status(&id).await.0, "LIQUIDADA");
-    testkit::eventually("the webhook delivered", Duration::from_secs(60), || async {
+    testkit::eventually("the webhook delivered", testkit::PATIENCE, || async {
         (!receiver.calls().is_empty()).then_some(())
     })
     .await;

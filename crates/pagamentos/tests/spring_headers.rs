@@ -131,7 +131,7 @@ async fn kafka_clients_read_our_retry_records_and_dead_letters_as_spring_does() 
     let requested = topics.topic(topics::REQUESTED);
     producer.send(&OutgoingRecord::new(&requested, "CC-004", "{not json")).await.expect("publish poison");
 
-    testkit::eventually("four webhook calls", Duration::from_secs(90), || async {
+    testkit::eventually("four webhook calls", testkit::PATIENCE, || async {
         (receiver.calls_for(event).len() >= 4).then_some(())
     })
     .await;

@@ -80,7 +80,15 @@ async fn sigterm_under_load_loses_and_doubles_nothing() {
             (accepted, refused)
         })
     };
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // SIGTERM once the load is flowing: it lands in the middle of it
+    testkit::eventually("150 transfers accepted", testkit::PATIENCE, || async {
+        let accepted: i64 = sqlx::query_scalar("SELECT count(*) FROM transferencia")
+            .fetch_one(&system.transfers_db.pool)
+            .await
+            .ok()?;
+        (accepted >= 150).then_some(())
+    })
+    .await;
     let status = terminate(&mut all).await;
     assert!(status.success(), "pagamentos all exited with {status} after SIGTERM");
     let mut all = system.start().await;
@@ -146,7 +154,7 @@ async fn one_trace_follows_a_transfer_through_every_hop() {
 
     // every hop exported a span of that one trace, naming the transfer where it knows it
     let hops = ["outbox.publish", "analyse", "settle", "projecao", "notificacoes.entregar"];
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let deadline = tokio::time::Instant::now() + testkit::PATIENCE;
     let spans = loop {
         let spans: Vec<_> =
             collector.spans().into_iter().filter(|span| span.trace_id == incoming_trace).collect();
@@ -193,7 +201,7 @@ async fn one_trace_follows_a_transfer_through_every_hop() {
     )
     .expect("reader");
     let mut seen = std::collections::HashMap::new();
-    tokio::time::timeout(Duration::from_secs(30), async {
+    tokio::time::timeout(testkit::PATIENCE, async {
         while seen.len() < 3 {
             let record = reader.recv().await.expect("receive");
             let payload: Value =
@@ -300,7 +308,7 @@ async fn every_contract_metric_is_served_after_traffic() {
         "notificacoes_webhook_seconds_bucket".to_owned(),
     ];
     let url = format!("http://127.0.0.1:{}/metrics", system.ports[0]);
-    let missing = testkit::eventually("every contract metric", Duration::from_secs(30), || async {
+    let missing = testkit::eventually("every contract metric", testkit::PATIENCE, || async {
         let text = system.http.get(&url).send().await.ok()?.text().await.ok()?;
         let missing: Vec<&String> = expected.iter().filter(|name| !text.contains(name.as_str())).collect();
         missing.is_empty().then_some(missing)

@@ -5,8 +5,14 @@
 //! - [`TestDatabase`]: a database of the test's own, migrated, dropped afterwards.
 //! - [`TestTopics`]: topics of the test's own (a unique prefix), deleted afterwards.
 //! - [`unique`]: unique names for group ids, transactional ids, prefixes.
-//! - [`eventually`]: poll a condition with a deadline instead of sleeping.
+//! - [`eventually`]: poll a condition with a deadline instead of sleeping; [`PATIENCE`], the
+//!   deadline for what must happen.
 //! - [`receive`]: the next records of a consumer, with a deadline.
+//! - Absence without a quiet time window: [`records_written`] (a topic's end offsets),
+//!   [`read_to_end`] (every committed record), [`consumed`] and [`notifications_consumed`] (a
+//!   group has committed everything written so far, so whatever it would write for it is
+//!   written), [`outbox_published`] (no outbox row left to publish, so every event it would
+//!   send is sent). [`committed`] measures a consumer's progress.
 //! - [`feed_requests`]: a stream of `TransferenciaSolicitada` for fault tests.
 //! - [`stack`]: `scripts/stack restart …` for the tests that take the stack away.
 //! - [`webhook`]: a scripted local HTTP receiver for notification tests.
@@ -80,6 +86,11 @@ pub async fn serve_locally(app: axum::Router) -> std::net::SocketAddr {
     address
 }
 
+/// How long a test waits for something that must happen (a consumer group to settle, a service
+/// to start, a record to cross the pipeline) before it fails. Generous, for a slow and busy
+/// machine; it costs nothing when the condition comes true early.
+pub const PATIENCE: Duration = Duration::from_secs(120);
+
 /// Polls `condition` every 50 ms until it returns `Some`, or panics naming `what` after
 /// `timeout`.
 pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut condition: F) -> T
@@ -97,19 +108,20 @@ where
     }
 }
 
-/// The next `count` records of `consumer`, or a panic naming how many came within 60 s.
+/// The next `count` records of `consumer`, or a panic naming how many came within
+/// [`PATIENCE`].
 pub async fn receive(
     consumer: &kafka::consumer::KafkaConsumer,
     count: usize,
 ) -> Vec<kafka::rdkafka::message::OwnedMessage> {
     let mut received = Vec::new();
-    let within = tokio::time::timeout(Duration::from_secs(60), async {
+    let within = tokio::time::timeout(PATIENCE, async {
         while received.len() < count {
             received.push(consumer.recv().await.expect("receive").detach());
         }
     })
     .await;
-    assert!(within.is_ok(), "only {} of {count} records within 60 s", received.len());
+    assert!(within.is_ok(), "only {} of {count} records within {PATIENCE:?}", received.len());
     received
 }
 
@@ -357,4 +369,133 @@ pub async fn read_to_end(args: &kafka::KafkaArgs, topic: &str) -> Vec<kafka::rdk
         }
     }
     records
+}
+
+/// A client that reads a group's committed offsets and the topics' ends.
+type OffsetReader = kafka::rdkafka::consumer::BaseConsumer<kafka::context::Context>;
+
+/// A reader of consumer group `group`'s committed offsets: it asks, and never joins the group.
+fn offset_reader(args: &kafka::KafkaArgs, group: &str) -> std::sync::Arc<OffsetReader> {
+    let mut config = kafka::config::base_consumer_settings(args, "test-offsets");
+    config.set("group.id", group).set("enable.auto.commit", "false");
+    std::sync::Arc::new(kafka::context::create(&config).expect("offset reader"))
+}
+
+/// (topic, partition, the group's committed offset (0 when none), the partition's end) for every
+/// partition of `topics`; `Err` on a broker's (transient) error.
+async fn group_progress(
+    reader: &std::sync::Arc<OffsetReader>,
+    topics: &[String],
+) -> Result<Vec<(String, i32, i64, i64)>, String> {
+    use kafka::rdkafka::consumer::Consumer;
+    use kafka::rdkafka::{Offset, TopicPartitionList};
+    let (reader, topics) = (reader.clone(), topics.to_vec());
+    tokio::task::spawn_blocking(move || {
+        let timeout = Duration::from_secs(10);
+        let mut ends = Vec::new();
+        let mut partitions = TopicPartitionList::new();
+        for topic in &topics {
+            let ids = kafka::topics::partitions(reader.client(), topic, timeout)
+                .map_err(|error| error.to_string())?;
+            assert!(!ids.is_empty(), "{topic} does not exist");
+            for partition in ids {
+                let (_, high) =
+                    reader.fetch_watermarks(topic, partition, timeout).map_err(|error| error.to_string())?;
+                partitions.add_partition(topic, partition);
+                ends.push((topic.clone(), partition, high));
+            }
+        }
+        let committed = reader.committed_offsets(partitions, timeout).map_err(|error| error.to_string())?;
+        Ok(ends
+            .into_iter()
+            .map(|(topic, partition, high)| {
+                let at = match committed.find_partition(&topic, partition).map(|element| element.offset()) {
+                    Some(Offset::Offset(offset)) => offset,
+                    _ => 0, // nothing committed yet
+                };
+                (topic, partition, at, high)
+            })
+            .collect())
+    })
+    .await
+    .expect("offset task")
+}
+
+/// How many records of `topic` consumer group `group` has committed (the sum of its committed
+/// offsets), as the broker has it now: a measure of a consumer's progress that counts each
+/// input once, whatever it wrote for it.
+pub async fn committed(args: &kafka::KafkaArgs, group: &str, topic: &str) -> i64 {
+    let reader = offset_reader(args, group);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        match group_progress(&reader, &[topic.to_owned()]).await {
+            Ok(progress) => return progress.iter().map(|(_, _, at, _)| at).sum(),
+            // a busy broker may answer a transient error: ask again
+            Err(error) => {
+                assert!(tokio::time::Instant::now() < deadline, "offsets of {group} on {topic}: {error}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+/// Waits (up to [`PATIENCE`]) until consumer group `group` has committed every record written
+/// so far to each of `topics`: its committed offset on every partition has reached the
+/// partition's end, read anew on every poll. The consumer loops commit a record only once
+/// everything they do for it is done and acknowledged (its dead letter or its forward to a
+/// retry topic written, its transaction committed), so after this whatever the group would write
+/// for those records is written, and a topic it did not write to proves the absence. The group
+/// is only asked for its offsets, never joined.
+pub async fn consumed(args: &kafka::KafkaArgs, group: &str, topics: &[String]) {
+    let reader = offset_reader(args, group);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        // what is still behind, or the broker's transient error (asked again)
+        let behind = match group_progress(&reader, topics).await {
+            Ok(progress) => progress
+                .into_iter()
+                .filter(|(_, _, at, high)| at < high)
+                .map(|(topic, partition, at, high)| format!("{topic}/{partition} at {at} of {high}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            Err(error) => error,
+        };
+        if behind.is_empty() {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "group {group} did not commit everything written to {topics:?} in {PATIENCE:?}: {behind}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// [`consumed`] for every stage of `pagamentos notificacoes`, in the order of its chain: the
+/// outcome topics, then each retry topic. Once it returns, every webhook call and every forward
+/// the service makes for the outcomes written so far is done, its dead letters included.
+pub async fn notifications_consumed(args: &kafka::KafkaArgs) {
+    use contracts::topics::{groups, retry_topic, RETRIED_TOPICS, RETRY_DELAYS_MS};
+    let main: Vec<String> = RETRIED_TOPICS.iter().map(|base| args.topic(base)).collect();
+    consumed(args, &args.group(groups::NOTIFICATIONS), &main).await;
+    for delay_ms in RETRY_DELAYS_MS {
+        let retries: Vec<String> =
+            RETRIED_TOPICS.iter().map(|base| args.topic(&retry_topic(base, delay_ms))).collect();
+        consumed(args, &args.group(&groups::notifications_retry(delay_ms)), &retries).await;
+    }
+}
+
+/// Waits (up to [`PATIENCE`]) until the outbox of the database `pool` has no row left to
+/// publish: every event written so far has been acknowledged by the broker (the relay marks a
+/// row only then), so a topic that lacks an event of it after this never gets it from that row.
+pub async fn outbox_published(pool: &sqlx::PgPool) {
+    eventually("every outbox row published", PATIENCE, || async {
+        let pending: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM outbox_evento WHERE publicado_em IS NULL")
+                .fetch_one(pool)
+                .await
+                .ok()?;
+        (pending == 0).then_some(())
+    })
+    .await;
 }

@@ -4,7 +4,6 @@
 mod common;
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use sqlx::Connection;
 use time::OffsetDateTime;
@@ -42,7 +41,7 @@ async fn transfers_of_one_account_in_one_group_commit_leave_in_acceptance_order(
         })
         .collect();
     let pool = app.database.pool.clone();
-    eventually("every writer blocked on the held outbox", Duration::from_secs(30), || async {
+    eventually("every writer blocked on the held outbox", testkit::PATIENCE, || async {
         let waiting: i64 = sqlx::query_scalar(
             "SELECT count(DISTINCT pid) FROM pg_locks JOIN pg_stat_activity USING (pid) \
              WHERE NOT granted AND relation = 'outbox_evento'::regclass AND query LIKE 'INSERT INTO outbox_evento%'",

@@ -37,7 +37,7 @@ async fn status_of(app: &TestApp, id: &str) -> (String, Value) {
 }
 
 async fn eventually_status(app: &TestApp, id: &str, expected: &str) -> Value {
-    testkit::eventually(&format!("{id} to become {expected}"), Duration::from_secs(60), || async {
+    testkit::eventually(&format!("{id} to become {expected}"), testkit::PATIENCE, || async {
         let (status, reason) = status_of(app, id).await;
         (status == expected).then_some(reason)
     })

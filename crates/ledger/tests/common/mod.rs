@@ -211,7 +211,7 @@ impl TestLedger {
 
     /// The stored outcome of a transfer once decided: (`resultado`, `motivo`).
     pub async fn decided(&self, transfer_id: Uuid) -> (String, Option<String>) {
-        testkit::eventually(&format!("transfer {transfer_id} decided"), Duration::from_secs(60), || async {
+        testkit::eventually(&format!("transfer {transfer_id} decided"), testkit::PATIENCE, || async {
             ledger::store::outcome(self.pool(), transfer_id).await.expect("outcome")
         })
         .await
@@ -219,15 +219,22 @@ impl TestLedger {
 
     /// Waits until the outbox has published every row.
     pub async fn outbox_drained(&self) {
-        testkit::eventually("the ledger's outbox published", Duration::from_secs(60), || async {
-            let pending: i64 =
-                sqlx::query_scalar("SELECT count(*) FROM outbox_evento WHERE publicado_em IS NULL")
-                    .fetch_one(self.pool())
-                    .await
-                    .expect("pending");
-            (pending == 0).then_some(())
-        })
-        .await
+        testkit::outbox_published(self.pool()).await;
+    }
+
+    /// Waits until the ledger has done everything it will do for the records published so far:
+    /// its group has committed them all (so their dead letters are written) and its outbox has
+    /// published every row (so their outcome events are written). What a topic lacks after
+    /// this, the ledger never writes for those records: absence without a quiet time window.
+    pub async fn caught_up(&self) {
+        let group = self.topics.args.group(topics::groups::LEDGER);
+        testkit::consumed(&self.topics.args, &group, &[self.topics.topic(topics::ANALYSED)]).await;
+        self.outbox_drained().await;
+    }
+
+    /// How many records were ever written to the test's `contract_topic`.
+    pub async fn written(&self, contract_topic: &str) -> i64 {
+        testkit::records_written(&self.topics.args, &self.topics.topic(contract_topic)).await
     }
 
     /// A `read_committed` reader of one of the test's topics, from the beginning.
@@ -306,11 +313,6 @@ pub fn analysed(transfer_id: Uuid, source: &str, destination: &str, cents: i64, 
         "contaDestino": destination, "valorEmCentavos": cents, "moeda": currency, "score": 10,
         "analisadaEm": "2026-12-03T10:00:00Z"
     })
-}
-
-/// Whether another record arrives within `wait`.
-pub async fn nothing_more(consumer: &KafkaConsumer, wait: Duration) -> bool {
-    tokio::time::timeout(wait, consumer.recv()).await.is_err()
 }
 
 pub fn header(record: &OwnedMessage, name: &str) -> Option<String> {

@@ -87,7 +87,7 @@ impl System {
         let child = command.spawn().expect("start pagamentos all");
         for port in self.ports {
             let url = format!("http://127.0.0.1:{port}/readyz");
-            testkit::eventually(&format!("{url} ready"), Duration::from_secs(60), || async {
+            testkit::eventually(&format!("{url} ready"), testkit::PATIENCE, || async {
                 let response = self.http.get(&url).send().await.ok()?;
                 response.status().is_success().then_some(())
             })
@@ -133,7 +133,7 @@ impl System {
     }
 
     pub async fn final_status(&self, id: &str) -> (String, Value) {
-        testkit::eventually(&format!("transfer {id} final"), Duration::from_secs(60), || async {
+        testkit::eventually(&format!("transfer {id} final"), testkit::PATIENCE, || async {
             let body: Value = self
                 .http
                 .get(self.api(&format!("/transferencias/{id}")))
@@ -165,7 +165,7 @@ impl System {
     /// Waits until no transfer is PENDENTE any more (every accepted one decided and projected),
     /// the condition `verify` needs to compare the two databases.
     pub async fn all_decided(&self) {
-        testkit::eventually("every transfer decided", Duration::from_secs(120), || async {
+        testkit::eventually("every transfer decided", testkit::PATIENCE, || async {
             let pending: i64 =
                 sqlx::query_scalar("SELECT count(*) FROM transferencia WHERE status = 'PENDENTE'")
                     .fetch_one(&self.transfers_db.pool)

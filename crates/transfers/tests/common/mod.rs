@@ -143,11 +143,6 @@ pub fn transfer(source: &str, destination: &str, cents: i64) -> Value {
     json!({"contaOrigem": source, "contaDestino": destination, "valorEmCentavos": cents, "moeda": "BRL"})
 }
 
-/// Whether another record arrives within `wait`.
-pub async fn nothing_more(consumer: &KafkaConsumer, wait: Duration) -> bool {
-    tokio::time::timeout(wait, consumer.recv()).await.is_err()
-}
-
 pub fn header(record: &OwnedMessage, name: &str) -> Option<String> {
     let headers = record.headers()?;
     let found = headers.iter().find(|header| header.key == name)?;

@@ -19,7 +19,14 @@
 //! every outcome was notified; the dead-letter topics are empty. Its figures are its last line.
 //!
 //! A second test runs the same workload on a three-broker cluster of its own (replication 3,
-//! `min.insync.replicas` 2) and SIGKILLs each broker in turn under load.
+//! `min.insync.replicas` 2) and SIGKILLs each broker in turn under load. A third runs it on such
+//! a cluster whose nodes each live in a network namespace of their own ([`Network`]) and cuts
+//! one node off the network, twice, each time for longer than the session and transaction
+//! timeouts: first the active controller from the other two nodes only (its quorum traffic and
+//! replication; clients still reach it), then the broker leading the most partitions from
+//! everyone. Each cut is proven real (the others elect a new controller when it was one, and
+//! drop the node from leadership and every ISR) and healed; the node must be back in every
+//! ISR and both deployments ready again before the schedule goes on.
 //!
 //! Faults also combine: `pause-all+restart-kafka` restarts the broker while A is frozen, so A
 //! wakes up to a broker that has forgotten its sessions and transactions as well as its
@@ -77,6 +84,16 @@ const PAUSE: Duration = Duration::from_secs(20);
 const PAUSE_EXTRA_MS: u64 = 5_000;
 /// How long a killed Kafka node of a cluster stays down.
 const BROKER_DOWN: Duration = Duration::from_secs(8);
+/// How long a Kafka node stays cut off: longer than the group session timeout and
+/// antifraude's transaction timeout (10 s each), the brokers' registration with the controller
+/// (`broker.session.timeout.ms`, 9 s) and the time a follower may lag before its leader drops
+/// it from the ISR (`replica.lag.time.max.ms`, 30 s).
+const PARTITION: Duration = Duration::from_secs(32);
+/// A partition lasts [`PARTITION`] plus up to this much, drawn.
+const PARTITION_EXTRA_MS: u64 = 4_000;
+/// From the heal, how long the cluster has to take the node back into every ISR, and the
+/// deployments to be ready again.
+const PARTITION_RECOVERY: Duration = Duration::from_secs(120);
 /// How long one POST is retried before the client gives up on it.
 const POST_PATIENCE: Duration = Duration::from_secs(240);
 /// From the end of the traffic, how long the pipeline has to make every transfer final.
@@ -108,10 +125,17 @@ impl Service {
             .expect("log file");
         command.stderr(Stdio::from(log)).env("RUST_LOG", "warn,kafka=info");
         self.child = Some(command.spawn().unwrap_or_else(|error| panic!("start {}: {error}", self.name)));
+        self.ready(Duration::from_secs(90)).await;
+    }
+
+    /// Waits until every one of its ports answers `/readyz` with success.
+    async fn ready(&self, within: Duration) {
+        // a probe that hangs (a service waiting on a cut-off broker) counts as not ready
+        let probe = common::system::admin_client(Some(Duration::from_secs(5)));
         for port in &self.ports {
             let url = format!("http://127.0.0.1:{port}/readyz");
-            testkit::eventually(&format!("{} ready ({url})", self.name), Duration::from_secs(90), || async {
-                let response = system.http.get(&url).send().await.ok()?;
+            testkit::eventually(&format!("{} ready ({url})", self.name), within, || async {
+                let response = probe.get(&url).send().await.ok()?;
                 response.status().is_success().then_some(())
             })
             .await;
@@ -185,6 +209,28 @@ enum Fault {
     PauseDuringRestart(&'static str),
     /// SIGKILL of Kafka node n (1–3) of a [`Cluster`], started again after [`BROKER_DOWN`].
     KillBroker(usize),
+    /// A network partition of one Kafka node of a [`Cluster`] in network namespaces, for
+    /// [`PARTITION`] or a little more, then healed.
+    Partition(Isolated, Cut),
+}
+
+/// Which node a [`Fault::Partition`] cuts off, chosen when the fault starts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Isolated {
+    /// The active controller (the KRaft quorum's leader).
+    Controller,
+    /// Of the other nodes, the one that leads the most partitions: a broker, not the controller.
+    Broker,
+}
+
+/// Whom a [`Fault::Partition`] cuts the node from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Cut {
+    /// From the other nodes only: its controller quorum traffic and its replication are cut,
+    /// clients still reach it (and it answers them from what it last knew).
+    Brokers,
+    /// From the other nodes and from every client: a node off the network.
+    Everyone,
 }
 
 impl Fault {
@@ -247,6 +293,17 @@ impl Fault {
                 format!("SIGSTOP A, scripts/stack restart {part} while it is frozen")
             }
             Fault::KillBroker(node) => format!("SIGKILL of Kafka node {node}"),
+            Fault::Partition(isolated, cut) => format!(
+                "network partition: {} cut from {}",
+                match isolated {
+                    Isolated::Controller => "the active controller",
+                    Isolated::Broker => "the node (not the controller) leading the most partitions",
+                },
+                match cut {
+                    Cut::Brokers => "the other nodes (clients still reach it)",
+                    Cut::Everyone => "the other nodes and every client",
+                }
+            ),
         }
     }
 }
@@ -287,6 +344,9 @@ fn draw_schedule(seed: u64, faults: Option<&[Fault]>, rounds: usize) -> Vec<Step
             let hold = match fault {
                 Fault::Kill(_) => Duration::from_millis(rng.random_range(200..2_000)),
                 Fault::KillBroker(_) => BROKER_DOWN + Duration::from_millis(rng.random_range(0..2_000)),
+                Fault::Partition(..) => {
+                    PARTITION + Duration::from_millis(rng.random_range(0..PARTITION_EXTRA_MS))
+                }
                 Fault::Pause | Fault::PauseDuringRestart(_) => {
                     PAUSE + Duration::from_millis(rng.random_range(0..PAUSE_EXTRA_MS))
                 }
@@ -583,17 +643,36 @@ async fn with_three_brokers_killing_any_one_under_load_loses_nothing() {
     bank_under_faults(&system, Some(&schedule), rounds(), Some(&cluster)).await;
 }
 
+#[tokio::test]
+#[ignore = "starts a three-broker Kafka cluster of its own in network namespaces: scripts/test runs it alone"]
+async fn with_three_brokers_partitioning_one_from_the_others_loses_nothing() {
+    let cluster = Cluster::up_in_namespaces().await;
+    let mut args = testkit::kafka_args();
+    args.bootstrap_servers = cluster.bootstrap.clone();
+    // declared after the cluster, so dropped before it: its topics are deleted while it runs
+    let system = System::on_kafka(args, 3).await;
+    let schedule = [
+        Fault::Partition(Isolated::Controller, Cut::Brokers),
+        Fault::Partition(Isolated::Broker, Cut::Everyone),
+    ];
+    bank_under_faults(&system, Some(&schedule), rounds(), Some(&cluster)).await;
+}
+
 /// A Kafka cluster of three broker+controller nodes of the test's own (`scripts/stack up kafka
 /// --brokers 3` with its own state directory and ports), beside the shared stack; stopped and
-/// wiped when dropped (and before it starts, should an earlier run have left one behind).
+/// wiped when dropped (and before it starts, should an earlier run have left one behind). With
+/// a [`Network`], each node runs in a network namespace of its own, on an address of its own.
 struct Cluster {
     state: PathBuf,
     base_port: u16,
     bootstrap: String,
+    /// Dropped after the cluster is stopped (the fields after `Drop::drop`).
+    network: Option<Network>,
 }
 
 impl Cluster {
     const BASE_PORT: u16 = 19_092;
+    const NETNS_BASE_PORT: u16 = 29_092;
 
     async fn up() -> Self {
         let cluster = Self {
@@ -603,8 +682,27 @@ impl Cluster {
                 .join(","),
             state: PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("chaos-cluster3"),
             base_port: Self::BASE_PORT,
+            network: None,
         };
         cluster.stop_and_wipe();
+        cluster.stack(&["up", "kafka", "--brokers", "3"]).await;
+        cluster
+    }
+
+    /// The cluster with each node in a network namespace of its own ([`Network`]).
+    async fn up_in_namespaces() -> Self {
+        let mut cluster = Self {
+            bootstrap: (1..=3)
+                .map(|n| format!("{}:{}", Network::address(n), Self::NETNS_BASE_PORT as usize + 2 * (n - 1)))
+                .collect::<Vec<_>>()
+                .join(","),
+            state: PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("chaos-cluster3-netns"),
+            base_port: Self::NETNS_BASE_PORT,
+            network: None,
+        };
+        // an earlier run's nodes first (they hold its namespaces), then its namespaces
+        cluster.stop_and_wipe();
+        cluster.network = Some(Network::create());
         cluster.stack(&["up", "kafka", "--brokers", "3"]).await;
         cluster
     }
@@ -616,6 +714,13 @@ impl Cluster {
             .args(args)
             .env("PAGAMENTOS_STACK_DIR", &self.state)
             .env("KAFKA_BROKER_PORT", self.base_port.to_string());
+        if self.network.is_some() {
+            let addresses: Vec<String> = (1..=3).map(Network::address).collect();
+            let namespaces: Vec<String> = (1..=3).map(Network::node_namespace).collect();
+            command
+                .env("KAFKA_NODE_ADDRESSES", addresses.join(","))
+                .env("KAFKA_NODE_NETNS", namespaces.join(","));
+        }
         command
     }
 
@@ -630,6 +735,9 @@ impl Cluster {
     }
 
     fn stop_and_wipe(&self) {
+        if let Some(network) = &self.network {
+            network.heal_all(); // a node cut off would wait for its controller before stopping
+        }
         if self.state.exists() {
             let _ = self.command(&["down", "kafka"]).status();
             let _ = std::fs::remove_dir_all(&self.state);
@@ -643,11 +751,408 @@ impl Cluster {
         let status = Command::new("kill").args(["-KILL", pid.trim()]).status().await.expect("kill");
         assert!(status.success(), "kill -KILL node {n}");
     }
+
+    /// Each node's view of the controller quorum, from its `quorum-state` file: (node, leader,
+    /// epoch); leader -1 while a node knows of none.
+    fn quorum(&self) -> Vec<(usize, i64, i64)> {
+        (1..=3)
+            .filter_map(|n| {
+                let file =
+                    self.state.join(format!("kafka-cluster/node-{n}/data/__cluster_metadata-0/quorum-state"));
+                let state: Value = serde_json::from_str(&std::fs::read_to_string(file).ok()?).ok()?;
+                Some((n, state["leaderId"].as_i64()?, state["leaderEpoch"].as_i64()?))
+            })
+            .collect()
+    }
+
+    /// The quorum's leader as the node of the highest epoch that knows one has it.
+    fn quorum_leader(&self) -> Option<(usize, i64)> {
+        self.quorum()
+            .into_iter()
+            .filter(|(_, leader, _)| *leader > 0)
+            .max_by_key(|(_, _, epoch)| *epoch)
+            .map(|(_, leader, epoch)| (leader as usize, epoch))
+    }
+
+    /// The node `isolated` names, cut off from whom `cut` says for `hold`, then healed, all
+    /// under the traffic that keeps flowing. Proves the cut real (the other nodes fence the
+    /// node: it leads nothing and is in no ISR, and when it was the controller another one is
+    /// elected) and waits until the heal is complete (the node back in every ISR); prints what
+    /// the cluster did meanwhile, with wall-clock times to match the service logs.
+    async fn partition(&self, system: &System, isolated: Isolated, cut: Cut, hold: Duration) {
+        let network = self.network.as_ref().expect("a partition needs the cluster in network namespaces");
+        let watch = Watch::new(&self.bootstrap);
+        let before = watch.view(None, Duration::from_secs(60)).await;
+        let (leader, epoch) = self.quorum_leader().expect("a controller quorum with a leader");
+        let node = match isolated {
+            Isolated::Controller => leader,
+            Isolated::Broker => (1..=3)
+                .filter(|node| *node != leader)
+                .max_by_key(|node| before.leads(*node as i32))
+                .expect("three nodes"),
+        };
+        let id = node as i32;
+        eprintln!(
+            "[partition {}] cutting node {node} off (quorum leader {leader}, epoch {epoch}); before: {}",
+            wall_clock(),
+            before.summary(id)
+        );
+        let settled_before = settled(system).await;
+        let cut_at = Instant::now();
+        let partition = network.cut(node, cut);
+        let (mut printed_majority, mut printed_isolated, mut printed_quorum) =
+            (String::new(), String::new(), String::new());
+        let (mut fenced, mut new_leader, mut settled_at_fence) = (None, None, None);
+        let mut progress_at = Duration::ZERO;
+        while cut_at.elapsed() < hold {
+            let t = cut_at.elapsed().as_secs_f64();
+            if cut_at.elapsed() >= progress_at {
+                eprintln!("[partition +{t:>5.1}s] {}", pipeline(system).await);
+                progress_at += Duration::from_secs(5);
+            }
+            if let Some((now, epoch)) = self.quorum_leader() {
+                let quorum =
+                    format!("quorum leader {now} (epoch {epoch}); (node, leader, epoch) {:?}", self.quorum());
+                if quorum != printed_quorum {
+                    eprintln!("[partition +{t:>5.1}s] {quorum}");
+                    printed_quorum = quorum;
+                }
+                if now != leader && new_leader.is_none() {
+                    new_leader = Some((now, cut_at.elapsed()));
+                }
+            }
+            if let Some(view) = watch.sample().await {
+                let summary = view.summary(id);
+                // the cut-off node answers (when clients still reach it) from what it last knew
+                let printed =
+                    if view.answered_by == id { &mut printed_isolated } else { &mut printed_majority };
+                if summary != *printed {
+                    eprintln!("[partition +{t:>5.1}s] node {}'s answer: {summary}", view.answered_by);
+                    *printed = summary;
+                }
+                if fenced.is_none() && view.answered_by != id && view.leads(id) == 0 && view.in_isr(id) == 0 {
+                    fenced = Some(cut_at.elapsed());
+                    settled_at_fence = settled(system).await;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500).min(hold.saturating_sub(cut_at.elapsed()))).await;
+        }
+        let fenced = fenced.unwrap_or_else(|| {
+            panic!("node {node} cut off for {hold:?}, yet the other nodes never dropped it from leadership and every ISR")
+        });
+        if node == leader {
+            let (now, after) = new_leader.unwrap_or_else(|| {
+                panic!("the controller (node {node}) cut off for {hold:?}, yet no other node was elected")
+            });
+            eprintln!(
+                "[partition] node {now} became the controller {:.1}s into the cut",
+                after.as_secs_f64()
+            );
+        }
+        let settled_at_heal = settled(system).await;
+        drop(partition);
+        let healed = Instant::now();
+        let count = |count: Option<i64>| count.map_or("?".to_owned(), |count| count.to_string());
+        eprintln!(
+            "[partition {}] healed after {:.1}s; node {node} had left every ISR and leadership {:.1}s into the cut; \
+             transfers settled: {} before the cut, {} when it was fenced, {} at the heal",
+            wall_clock(),
+            cut_at.elapsed().as_secs_f64(),
+            fenced.as_secs_f64(),
+            count(settled_before),
+            count(settled_at_fence),
+            count(settled_at_heal),
+        );
+        let after = watch.view(Some(id), PARTITION_RECOVERY).await;
+        eprintln!(
+            "[partition {}] node {node} back in every ISR {:.1}s after the heal: {}",
+            wall_clock(),
+            healed.elapsed().as_secs_f64(),
+            after.summary(id)
+        );
+    }
+}
+
+/// Transfers settled so far, as the API's database has them (`None` while it cannot say).
+async fn settled(system: &System) -> Option<i64> {
+    sqlx::query_scalar("SELECT count(*) FROM transferencia WHERE status = 'LIQUIDADA'")
+        .fetch_one(&system.transfers_db.pool)
+        .await
+        .ok()
+}
+
+/// Where the traffic is, hop by hop: events waiting in each outbox, transfers the ledger
+/// decided, transfers settled.
+async fn pipeline(system: &System) -> String {
+    async fn count(pool: &sqlx::PgPool, sql: &str) -> String {
+        sqlx::query_scalar::<_, i64>(sql)
+            .fetch_one(pool)
+            .await
+            .map_or("?".to_owned(), |count| count.to_string())
+    }
+    const UNPUBLISHED: &str = "SELECT count(*) FROM outbox_evento WHERE publicado_em IS NULL";
+    let (transfers, ledger) = (&system.transfers_db.pool, &system.ledger_db.pool);
+    format!(
+        "requests unpublished {}, decided by the ledger {}, outcomes unpublished {}, settled {}",
+        count(transfers, UNPUBLISHED).await,
+        count(ledger, "SELECT count(*) FROM transferencia_processada").await,
+        count(ledger, UNPUBLISHED).await,
+        count(transfers, "SELECT count(*) FROM transferencia WHERE status = 'LIQUIDADA'").await,
+    )
+}
+
+/// The time of day (UTC, as the services log it).
+fn wall_clock() -> String {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970");
+    let (seconds, millis) = (now.as_secs() % 86_400, now.subsec_millis());
+    format!("{:02}:{:02}:{:02}.{millis:03}Z", seconds / 3600, seconds / 60 % 60, seconds % 60)
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
         self.stop_and_wipe();
+    }
+}
+
+/// `ip <args>`, which must succeed.
+fn ip(args: &[&str]) {
+    let output = std::process::Command::new("ip").args(args).output().expect("run ip");
+    assert!(output.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&output.stderr));
+}
+
+/// The network of a [`Cluster`] whose nodes run in network namespaces of their own: node n at
+/// `10.202.n.2`, on a veth pair to a router namespace (the hub, `10.202.n.1` on its side), which
+/// the host (the services, the test, the databases) reaches over one more veth pair
+/// (`10.202.0.2` on the host, `10.202.0.1` in the hub; the host routes `10.202.0.0/16` there).
+/// A partition is a set of `ip rule … blackhole` in the hub: the hub drops what the cut
+/// forbids, silently (no reset, no ICMP error, no error on the sender, as a failed link in
+/// the middle of the network), and nothing changes on the nodes themselves. Fixed names and
+/// addresses: a run removes what an earlier one left behind. Dropping it removes everything
+/// (the host's end of its veth pair and its route go with the hub).
+struct Network {
+    cuts: Mutex<Vec<Vec<String>>>,
+}
+
+impl Network {
+    const HUB: &str = "pgm-k3-hub";
+    const HOST_LINK: &str = "pgm-k3";
+
+    fn node_namespace(n: usize) -> String {
+        format!("pgm-k3-{n}")
+    }
+
+    fn address(n: usize) -> String {
+        format!("10.202.{n}.2")
+    }
+
+    fn namespaces() -> Vec<String> {
+        std::iter::once(Self::HUB.to_owned()).chain((1..=3).map(Self::node_namespace)).collect()
+    }
+
+    fn remove() {
+        for namespace in Self::namespaces() {
+            let _ = std::process::Command::new("ip").args(["netns", "del", &namespace]).output();
+        }
+        // the host's end goes with the hub, but not at once: deleting it deletes both ends now
+        let _ = std::process::Command::new("ip").args(["link", "del", Self::HOST_LINK]).output();
+    }
+
+    fn create() -> Self {
+        Self::remove();
+        let hub = Self::HUB;
+        ip(&["netns", "add", hub]);
+        ip(&["netns", "exec", hub, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"]);
+        ip(&["-n", hub, "link", "set", "lo", "up"]);
+        for n in 1..=3 {
+            let namespace = Self::node_namespace(n);
+            let hub_side = format!("n{n}");
+            ip(&["netns", "add", &namespace]);
+            ip(&[
+                "link", "add", "eth0", "netns", &namespace, "type", "veth", "peer", "name", &hub_side,
+                "netns", hub,
+            ]);
+            ip(&["-n", hub, "addr", "add", &format!("10.202.{n}.1/24"), "dev", &hub_side]);
+            ip(&["-n", hub, "link", "set", &hub_side, "up"]);
+            ip(&["-n", &namespace, "addr", "add", &format!("{}/24", Self::address(n)), "dev", "eth0"]);
+            ip(&["-n", &namespace, "link", "set", "eth0", "up"]);
+            ip(&["-n", &namespace, "link", "set", "lo", "up"]);
+            ip(&["-n", &namespace, "route", "add", "default", "via", &format!("10.202.{n}.1")]);
+        }
+        ip(&["link", "add", Self::HOST_LINK, "type", "veth", "peer", "name", "host", "netns", hub]);
+        ip(&["-n", hub, "addr", "add", "10.202.0.1/24", "dev", "host"]);
+        ip(&["-n", hub, "link", "set", "host", "up"]);
+        ip(&["addr", "add", "10.202.0.2/24", "dev", Self::HOST_LINK]);
+        ip(&["link", "set", Self::HOST_LINK, "up"]);
+        ip(&["route", "add", "10.202.0.0/16", "via", "10.202.0.1", "dev", Self::HOST_LINK]);
+        Self { cuts: Mutex::new(Vec::new()) }
+    }
+
+    /// The hub's rules (`ip rule` selectors) that cut node `n` off as `cut` says.
+    fn rules(n: usize, cut: Cut) -> Vec<Vec<String>> {
+        let node = Self::address(n);
+        match cut {
+            Cut::Brokers => (1..=3)
+                .filter(|other| *other != n)
+                .flat_map(|other| {
+                    let other = Self::address(other);
+                    [
+                        vec!["from".to_owned(), node.clone(), "to".to_owned(), other.clone()],
+                        vec!["from".to_owned(), other, "to".to_owned(), node.clone()],
+                    ]
+                })
+                .collect(),
+            Cut::Everyone => {
+                vec![vec!["from".to_owned(), node.clone()], vec!["to".to_owned(), node]]
+            }
+        }
+    }
+
+    fn rule(action: &str, selector: &[String]) {
+        let mut args = vec!["-n", Self::HUB, "rule", action];
+        args.extend(selector.iter().map(String::as_str));
+        args.push("blackhole");
+        ip(&args);
+    }
+
+    /// Cuts node `n` off until the returned guard is dropped.
+    fn cut(&self, n: usize, cut: Cut) -> Partition<'_> {
+        let rules = Self::rules(n, cut);
+        for rule in &rules {
+            Self::rule("add", rule);
+        }
+        self.cuts.lock().expect("lock").extend(rules.iter().cloned());
+        Partition { network: self, rules }
+    }
+
+    fn heal(&self, rules: &[Vec<String>]) {
+        let mut cuts = self.cuts.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for rule in rules {
+            if let Some(at) = cuts.iter().position(|cut| cut == rule) {
+                cuts.remove(at);
+                let mut args = vec!["-n", Self::HUB, "rule", "del"];
+                args.extend(rule.iter().map(String::as_str));
+                args.push("blackhole");
+                let _ = std::process::Command::new("ip").args(&args).output();
+            }
+        }
+    }
+
+    fn heal_all(&self) {
+        let rules = self.cuts.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        self.heal(&rules);
+    }
+}
+
+impl Drop for Network {
+    fn drop(&mut self) {
+        Self::remove();
+    }
+}
+
+/// A cut in force; dropping it heals it (on a test's failure too).
+struct Partition<'a> {
+    network: &'a Network,
+    rules: Vec<Vec<String>>,
+}
+
+impl Drop for Partition<'_> {
+    fn drop(&mut self) {
+        self.network.heal(&self.rules);
+    }
+}
+
+/// Watches a cluster's metadata: who leads which partition, who is in its ISR, and which node
+/// answered (a node cut off from the others still answers clients, from what it last knew).
+struct Watch {
+    client: Arc<kafka::rdkafka::consumer::BaseConsumer<kafka::context::Context>>,
+}
+
+/// One metadata answer: every topic's partitions (the internal ones included).
+struct View {
+    answered_by: i32,
+    brokers: Vec<i32>,
+    /// (leader, replicas, ISR) of every partition.
+    partitions: Vec<(i32, Vec<i32>, Vec<i32>)>,
+}
+
+impl View {
+    fn leads(&self, node: i32) -> usize {
+        self.partitions.iter().filter(|(leader, _, _)| *leader == node).count()
+    }
+
+    fn in_isr(&self, node: i32) -> usize {
+        self.partitions.iter().filter(|(_, _, isr)| isr.contains(&node)).count()
+    }
+
+    fn under_replicated(&self) -> usize {
+        self.partitions.iter().filter(|(_, replicas, isr)| isr.len() < replicas.len()).count()
+    }
+
+    fn summary(&self, node: i32) -> String {
+        let total = self.partitions.len();
+        let mut leaders: Vec<String> =
+            self.brokers.iter().map(|b| format!("{b}:{}", self.leads(*b))).collect();
+        leaders.sort();
+        format!(
+            "brokers {:?}; leaders per node {}; node {node} in the ISR of {}/{total}; under-replicated {}/{total}; leaderless {}",
+            self.brokers,
+            leaders.join(" "),
+            self.in_isr(node),
+            self.under_replicated(),
+            self.leads(-1)
+        )
+    }
+}
+
+impl Watch {
+    fn new(bootstrap: &str) -> Self {
+        let args = kafka::KafkaArgs::new(bootstrap);
+        let mut config = kafka::config::base_consumer_settings(&args, "chaos-watch");
+        config.set("group.id", testkit::unique("watch"));
+        Self { client: Arc::new(kafka::context::create(&config).expect("metadata client")) }
+    }
+
+    /// One metadata answer, from whichever node librdkafka asks; `None` when none came in 2 s.
+    async fn sample(&self) -> Option<View> {
+        use kafka::rdkafka::consumer::Consumer;
+        let client = self.client.clone();
+        tokio::task::spawn_blocking(move || {
+            let metadata = client.fetch_metadata(None, Duration::from_secs(2)).ok()?;
+            let mut brokers: Vec<i32> = metadata.brokers().iter().map(|broker| broker.id()).collect();
+            brokers.sort();
+            let partitions = metadata
+                .topics()
+                .iter()
+                .flat_map(|topic| topic.partitions())
+                .map(|partition| {
+                    (partition.leader(), partition.replicas().to_vec(), partition.isr().to_vec())
+                })
+                .collect();
+            Some(View { answered_by: metadata.orig_broker_id(), brokers, partitions })
+        })
+        .await
+        .expect("metadata task")
+    }
+
+    /// The first answer, not from `not_from`, in which all three nodes are registered and
+    /// every partition has a leader and all its replicas in sync.
+    async fn view(&self, not_from: Option<i32>, within: Duration) -> View {
+        let what = "three nodes, every partition led and fully in sync";
+        let started = Instant::now();
+        loop {
+            if let Some(view) = self.sample().await {
+                if Some(view.answered_by) != not_from
+                    && view.brokers.len() == 3
+                    && view.under_replicated() == 0
+                    && view.leads(-1) == 0
+                    && !view.partitions.is_empty()
+                {
+                    return view;
+                }
+            }
+            assert!(started.elapsed() < within, "timed out after {within:?} waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 }
 
@@ -715,6 +1220,19 @@ async fn bank_under_faults(
                 cluster.kill(node).await;
                 tokio::time::sleep(step.hold).await;
                 cluster.stack(&["up", "kafka"]).await;
+            }
+            Fault::Partition(isolated, cut) => {
+                let cluster = cluster.expect("a node is cut off only in a cluster of the test's own");
+                cluster.partition(system, isolated, cut, step.hold).await;
+                // the deployments, through the partition and its heal, serve again
+                let healed = Instant::now();
+                for process in b.iter().chain([&a]) {
+                    process.ready(PARTITION_RECOVERY).await;
+                }
+                eprintln!(
+                    "[chaos] both deployments ready {:.1}s after the heal",
+                    healed.elapsed().as_secs_f64()
+                );
             }
             Fault::Kill(service) => {
                 let process = if service == 4 { &mut a } else { &mut b[service] };

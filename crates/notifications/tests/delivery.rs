@@ -44,6 +44,7 @@ impl Running {
                 webhook_unsigned: false,
                 webhook_timeout_ms: timeout_ms,
                 concurrency: 16,
+                consumption: notifications::Consumption::RetryTopics,
             },
             kafka: topics.args.clone(),
             topics: kafka::TopicArgs { partitions: 3, replicas: 1 },

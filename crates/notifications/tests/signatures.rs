@@ -49,6 +49,7 @@ async fn deliveries_verify_with_the_standard_webhooks_reference_library() {
             webhook_unsigned: false,
             webhook_timeout_ms: 5_000,
             concurrency: 4,
+            consumption: notifications::Consumption::RetryTopics,
         },
         kafka: topics.args.clone(),
         topics: kafka::TopicArgs { partitions: 1, replicas: 1 },

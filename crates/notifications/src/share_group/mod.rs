@@ -23,14 +23,22 @@
 //!   forwarded`, so `pagamentos dlt list|replay` reads it), and only once the broker
 //!   acknowledged it the record is **REJECT**ed (archived, never delivered again).
 //!
-//! The group's `share.delivery.count.limit` is set to the 4 attempts **plus one**: the broker
-//! archives, without telling anyone, a record whose last allowed delivery ends without an
-//! acknowledgement (a member killed, a lock expired). With a limit of exactly 4, a member
-//! killed during a record's fourth attempt lost it: neither delivered nor dead-lettered
-//! (`crates/notifications/tests/share_group.rs`, the SIGKILL test). The spare delivery makes
-//! the attempt again and writes the dead letter. Delivery counts restart at 1 when the broker
-//! itself restarts (it does not persist the counts of records in flight), so a record can get
-//! more than four attempts in all; never fewer.
+//! The attempts are counted by the application, from the broker's delivery count: the fourth
+//! delivery is the last attempt, whatever the group's `share.delivery.count.limit` says. That
+//! limit is set higher, to 4 + [`SPARE_DELIVERIES`] = 10 (the broker's default maximum,
+//! `group.share.max.delivery.count.limit`): the broker archives, telling no one, a record whose
+//! last allowed delivery ends without an acknowledgement, and a process that dies spends
+//! deliveries without an attempt. A SIGKILL spends the delivery in hand and, seen on Kafka
+//! 4.3.1, more: fetches the dead members left waiting in the broker (up to 500 ms) still
+//! acquire records after the broker released the dead members' own, and give them back only
+//! later. One record went from its fourth delivery, in hand at the kill, to its seventh before
+//! anyone worked on it. With the limit at 4, a SIGKILL during fourth attempts lost 4 of 30
+//! records (neither delivered nor dead-lettered); at 5, 3 of 30 (archived on a fifth delivery
+//! taken by a dead member's fetch); at 8 and 10, none (`crates/pagamentos/tests/
+//! share_group_faults.rs`, the SIGKILL test). Delivery counts also restart at 1 when the broker
+//! itself restarts (it does not persist the counts of records in flight). So a record can get
+//! more than four attempts in all, never fewer; and crashes during its retries that spend six
+//! deliveries more can still have the broker archive it without a dead letter.
 //!
 //! While a member works on a record (the call, the wait, the dead letter) it renews the
 //! record's acquisition lock (KIP-1222) every half lock, so a call longer than the lock
@@ -68,6 +76,11 @@ use crate::notifier::Notifier;
 /// cannot take the id of the consumer group the retry-topic mode uses.
 pub const GROUP: &str = "notificacoes-share";
 
+/// Deliveries beyond the attempts before the broker archives a record on its own, for the
+/// deliveries crashes spend (see the module's documentation); 4 + 6 is the broker's default
+/// `group.share.max.delivery.count.limit`.
+pub const SPARE_DELIVERIES: u32 = 6;
+
 /// How long one poll waits for a record.
 const POLL_TIMEOUT: Duration = Duration::from_secs(1);
 /// Renewals of a record's lock when the broker has not said how long it lasts (it does in
@@ -99,7 +112,7 @@ pub struct ShareGroupSettings {
 pub async fn start(settings: ShareGroupSettings, supervisor: &Supervisor) -> Result<(), Error> {
     let group = settings.kafka.group(GROUP);
     let admin = connection::connect(&settings.kafka, "notificacoes").await?;
-    let delivery_count_limit = settings.chain.attempts() + 1;
+    let delivery_count_limit = settings.chain.attempts() + SPARE_DELIVERIES;
     connection::configure_group(&admin, &group, delivery_count_limit).await?;
     tracing::info!(
         group,
@@ -302,12 +315,15 @@ impl Shared {
     ) {
         let message = connection::to_message(record);
         let delivery = record.delivery_count.map_or(1, |count| u32::try_from(count.max(1)).unwrap_or(1));
+        // for the log lines below (the notifier's own span names it too)
+        let event = self.notifier.decode(&message).ok().map(|outcome| outcome.event_id);
         tracing::debug!(
             member,
             topic = &*record.topic,
             partition = record.partition,
             offset = record.offset,
             delivery,
+            evento_id = ?event,
             "record acquired"
         );
         let mut lease = Lease::new(consumer, record);
@@ -323,6 +339,7 @@ impl Shared {
                     partition = record.partition,
                     offset = record.offset,
                     delivery,
+                    evento_id = ?event,
                     delay_ms = delay.as_millis() as u64,
                     reason = failure.message,
                     "attempt failed; released for redelivery after its delay"
@@ -351,6 +368,7 @@ impl Shared {
                 topic = &*record.topic,
                 partition = record.partition,
                 offset = record.offset,
+                evento_id = ?event,
                 ?settle,
                 error = %error,
                 "acknowledgement refused"

@@ -6,7 +6,7 @@
 //! Absence is proved by a marker, never by waiting: a marker record goes to the partition
 //! after everything else, and once the broker reports the group's share-partition start offset
 //! at the marker, every record before it is accepted or archived and can never come again.
-//! The crash and broker-restart tests run the binary: `crates/pagamentos/tests/share_group.rs`.
+//! The crash and broker-restart tests run the binary: `crates/pagamentos/tests/share_group_faults.rs`.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

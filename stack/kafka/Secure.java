@@ -129,6 +129,10 @@ public class Secure {
         for (String delay : RETRY_DELAYS) {
             group(acls, "notificacoes", p + "notificacoes-retry-" + delay, AclOperation.READ);
         }
+        // NOTIFICACOES_CONSUMPTION=share-group: its share group, whose delivery-count limit and
+        // start offset it sets at start (IncrementalAlterConfigs on the group)
+        group(acls, "notificacoes", p + "notificacoes-share", AclOperation.READ);
+        group(acls, "notificacoes", p + "notificacoes-share", AclOperation.ALTER_CONFIGS);
         // the dead-letter gauge reads the replay progress of the topics each service dead-letters to
         for (String service : new String[] {"transferencias", "antifraude", "ledger", "notificacoes"}) {
             group(acls, service, p + "pagamentos-dlt-replay", AclOperation.DESCRIBE);

@@ -74,7 +74,7 @@ impl fmt::Display for Timestamp {
         )?;
         let micros = t.microsecond();
         if micros == 0 {
-        } else if micros % 1000 == 0 {
+        } else if micros.is_multiple_of(1000) {
             write!(f, ".{:03}", micros / 1000)?;
         } else {
             write!(f, ".{micros:06}")?;

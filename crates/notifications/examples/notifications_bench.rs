@@ -50,6 +50,7 @@ async fn run(events: usize, failing_every: Option<usize>) {
             webhook_unsigned: false,
             webhook_timeout_ms: 5_000,
             concurrency: 64,
+            consumption: notifications::Consumption::RetryTopics,
         },
         // no admin token: /readyz answers its status line only
         auth: telemetry::health::HealthAuthArgs::default(),

@@ -9,6 +9,8 @@
 //! - [`start`]: four consumers (group `notificacoes` on the outcome topics, and
 //!   `notificacoes-retry-<ms>` on each retry topic) over [`kafka::retry_topic`], plus
 //!   `/healthz`, `/readyz` and `/metrics` on port 8083.
+//! - [`share_group`]: `NOTIFICACOES_CONSUMPTION=share-group`, the same attempts through a
+//!   Kafka share group (KIP-932) instead of the retry topics; the only user of `krafka`.
 //!
 //! # Architecture invariant
 //! No database: delivery is at least once (a crash after a POST and before the offset commit
@@ -16,6 +18,7 @@
 //! for its retry pauses only its own partition.
 
 pub mod notifier;
+pub mod share_group;
 pub mod webhook;
 
 use std::net::SocketAddr;
@@ -78,9 +81,27 @@ pub struct NotificationsArgs {
     #[arg(id = "notificacoes_webhook_timeout_ms", value_name = "WEBHOOK_TIMEOUT_MS", long = "webhook-timeout-ms", env = "NOTIFICACOES_WEBHOOK_TIMEOUT_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..=120_000))]
     pub webhook_timeout_ms: u64,
 
-    /// Most webhook calls in flight per consumer (main and each retry topic).
+    /// Most webhook calls in flight per consumer (main and each retry topic); with
+    /// `--consumption share-group`, the share group members of this process, each working on
+    /// one record at a time (a call, or a retry waiting out its delay).
     #[arg(id = "notificacoes_concurrency", value_name = "CONCURRENCY", long = "webhook-concurrency", env = "NOTIFICACOES_WEBHOOK_CONCURRENCY", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1_024))]
     pub concurrency: u32,
+
+    /// How outcome events are read: `retry-topics` (the contract's consumer groups and retry
+    /// topics) or `share-group` (a Kafka share group, KIP-932: Kafka 4.2 or later; retries by
+    /// redelivery, the same delays and dead letters).
+    #[arg(id = "notificacoes_consumption", value_name = "CONSUMPTION", long = "consumption", env = "NOTIFICACOES_CONSUMPTION", value_enum, default_value_t = Consumption::RetryTopics)]
+    pub consumption: Consumption,
+}
+
+/// How `notificacoes` reads the outcome topics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Consumption {
+    /// Consumer groups `notificacoes` and `notificacoes-retry-<ms>`, retry topics, `-dlt`.
+    #[default]
+    RetryTopics,
+    /// Share group `notificacoes-share`; see [`share_group`].
+    ShareGroup,
 }
 
 impl std::fmt::Debug for NotificationsArgs {
@@ -93,6 +114,7 @@ impl std::fmt::Debug for NotificationsArgs {
             .field("webhook_unsigned", &self.webhook_unsigned)
             .field("webhook_timeout_ms", &self.webhook_timeout_ms)
             .field("concurrency", &self.concurrency)
+            .field("consumption", &self.consumption)
             .finish()
     }
 }
@@ -164,7 +186,10 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
     let notifier = Arc::new(notifier::Notifier::new(webhook, kafka.topic(topics::SETTLED)));
     let producer = Producer::new(&producer_config(&kafka, "notificacoes", profile.linger()))?;
     let chain = chain();
-    let stages = chain.stages(&bases, &kafka.group(topics::groups::NOTIFICATIONS));
+    let stages = match args.consumption {
+        Consumption::RetryTopics => chain.stages(&bases, &kafka.group(topics::groups::NOTIFICATIONS)),
+        Consumption::ShareGroup => Vec::new(), // no retry-topic stage: the share group's members below
+    };
     let options = StageOptions { concurrency: args.concurrency as usize, ..StageOptions::default() };
 
     let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> =
@@ -204,6 +229,17 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
             shutdown.clone(),
         );
         supervisor.spawn_fallible(name, run);
+    }
+    if args.consumption == Consumption::ShareGroup {
+        let settings = share_group::ShareGroupSettings {
+            kafka: kafka.clone(),
+            topics: bases.clone(),
+            notifier: notifier.clone(),
+            producer: producer.clone(),
+            chain: chain.clone(),
+            members: args.concurrency as usize,
+        };
+        share_group::start(settings, supervisor).await?;
     }
     let dead_letter_topics = bases.iter().map(|base| topics::dead_letter_topic(base)).collect();
     supervisor.spawn(
@@ -279,6 +315,7 @@ mod tests {
             webhook_unsigned: unsigned,
             webhook_timeout_ms: 1_000,
             concurrency: 1,
+            consumption: Consumption::RetryTopics,
         }
     }
 
@@ -317,6 +354,8 @@ pub enum Error {
     Auth(#[from] telemetry::health::HealthAuthError),
     #[error(transparent)]
     Webhook(#[from] webhook::ClientError),
+    #[error(transparent)]
+    ShareGroup(#[from] share_group::Error),
     #[error("cannot sign webhooks: {0}")]
     Signing(String),
     #[error("cannot listen on {address}")]

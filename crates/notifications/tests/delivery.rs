@@ -44,6 +44,7 @@ impl Running {
                 webhook_unsigned: false,
                 webhook_timeout_ms: timeout_ms,
                 concurrency: 16,
+                consumption: notifications::Consumption::RetryTopics,
             },
             // no admin token: /readyz answers its status line only (its detail is not under test here)
             auth: telemetry::health::HealthAuthArgs::default(),

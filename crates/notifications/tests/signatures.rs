@@ -49,6 +49,7 @@ async fn deliveries_verify_with_the_standard_webhooks_reference_library() {
             webhook_unsigned: false,
             webhook_timeout_ms: 5_000,
             concurrency: 4,
+            consumption: notifications::Consumption::RetryTopics,
         },
         // no admin token: /readyz answers its status line only (its detail is not under test here)
         auth: telemetry::health::HealthAuthArgs::default(),

@@ -1203,7 +1203,7 @@ async fn bank_under_faults(
     let started = Instant::now();
     let mut faults = 0usize;
     for step in &schedule {
-        if faults % per_round == 0 {
+        if faults.is_multiple_of(per_round) {
             eprintln!("[chaos] round {} of {rounds}", faults / per_round + 1);
         }
         // the traffic between faults is the schedule's, not a wait for something

@@ -135,7 +135,7 @@ async fn sigkill_mid_stream_twice_settles_every_transfer_exactly_once() {
     let position: HashMap<Uuid, usize> = ids.iter().enumerate().map(|(n, id)| (*id, n)).collect();
     for (id, outcome, reason, debits, credits) in &decisions {
         let n = position[id];
-        if n % MISSING_EVERY == 0 {
+        if n.is_multiple_of(MISSING_EVERY) {
             assert_eq!((outcome.as_str(), reason.as_deref()), ("REJEITADA", Some("CONTA_INEXISTENTE")));
             assert_eq!((*debits, *credits), (0, 0), "rejected transfer {id} has entries");
         } else {

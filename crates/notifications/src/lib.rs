@@ -100,7 +100,7 @@ pub enum Consumption {
     /// Consumer groups `notificacoes` and `notificacoes-retry-<ms>`, retry topics, `-dlt`.
     #[default]
     RetryTopics,
-    /// Share group `notificacoes-share`; see [`share_group`].
+    /// Share group `notificacoes-share` (KIP-932), retried by redelivery.
     ShareGroup,
 }
 

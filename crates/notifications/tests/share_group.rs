@@ -64,9 +64,11 @@ impl Service {
                 concurrency: members,
                 consumption,
             },
+            auth: telemetry::health::HealthAuthArgs::default(),
             kafka: args.clone(),
             topics: kafka::TopicArgs { partitions, replicas: 1 },
             profile: kafka::Profile::Fast,
+            metrics: telemetry::health::MetricsRoute::ServicePort,
         };
         let shutdown = CancellationToken::new();
         let tracker = TaskTracker::new();

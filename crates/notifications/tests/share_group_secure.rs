@@ -34,9 +34,11 @@ async fn as_its_own_user_over_sasl_ssl_the_share_group_delivers_and_dead_letters
             concurrency: 2,
             consumption: notifications::Consumption::ShareGroup,
         },
+        auth: telemetry::health::HealthAuthArgs::default(),
         kafka: args,
         topics: kafka::TopicArgs { partitions: 1, replicas: 1 },
         profile: kafka::Profile::Fast,
+        metrics: telemetry::health::MetricsRoute::ServicePort,
     };
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();

@@ -68,7 +68,18 @@ impl Running {
 
     /// Publishes a settled event for a fresh transfer from `account`; returns its event id.
     async fn settle(&self, account: &str) -> Uuid {
+        self.settle_as(Uuid::new_v4(), account).await
+    }
+
+    /// A settled event whose calls the receiver answers with `replies`, scripted before the
+    /// event is published: the service may call the moment it is written.
+    async fn settle_scripted(&self, account: &str, replies: &[Reply]) -> Uuid {
         let event_id = Uuid::new_v4();
+        self.receiver.script(event_id, replies);
+        self.settle_as(event_id, account).await
+    }
+
+    async fn settle_as(&self, event_id: Uuid, account: &str) -> Uuid {
         let payload = json!({"eventoId": event_id, "transferenciaId": Uuid::new_v4(), "liquidadaEm": "2026-12-04T10:00:00Z",
             "contaOrigem": account, "contaDestino": "CC-999", "valorEmCentavos": 100, "moeda": "BRL"});
         self.publish(topics::SETTLED, account, payload.to_string().into_bytes()).await;
@@ -199,8 +210,7 @@ async fn a_flaky_receiver_gets_three_calls_a_second_then_two_seconds_apart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_always_failing_receiver_gets_four_calls_then_the_record_is_dead_lettered() {
     let running = Running::start(2_000).await;
-    let event = running.settle("CC-002").await;
-    running.receiver.script(event, &[Reply::Status(503); 10]);
+    let event = running.settle_scripted("CC-002", &[Reply::Status(503); 10]).await;
 
     let calls = running.wait_calls(event, 4, Duration::from_secs(40)).await;
     for (index, at_least) in [(0, 1000), (1, 2000), (2, 4000)] {
@@ -362,8 +372,7 @@ async fn a_spring_retry_record_is_not_delivered_before_its_last_backoff_timestam
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_error_is_dead_lettered_after_one_call_and_garbage_after_none() {
     let running = Running::start(2_000).await;
-    let event = running.settle("CC-003").await;
-    running.receiver.script(event, &[Reply::Status(400)]);
+    let event = running.settle_scripted("CC-003", &[Reply::Status(400)]).await;
     running.wait_calls(event, 1, Duration::from_secs(20)).await;
     running.publish(topics::SETTLED, "CC-003", b"{not json".to_vec()).await;
 
@@ -398,8 +407,9 @@ async fn a_client_error_is_dead_lettered_after_one_call_and_garbage_after_none()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receiver_that_does_not_answer_in_time_is_retried() {
     let running = Running::start(300).await;
-    let event = running.settle("CC-004").await;
-    running.receiver.script(event, &[Reply::After(Duration::from_secs(3), 200), Reply::Status(200)]);
+    let event = running
+        .settle_scripted("CC-004", &[Reply::After(Duration::from_secs(3), 200), Reply::Status(200)])
+        .await;
     let calls = running.wait_calls(event, 2, Duration::from_secs(20)).await;
     assert!(gap(&calls, 0) >= Duration::from_millis(1300), "retried after {:?}", gap(&calls, 0));
     // delivered on the second call: no third one, from retry-2000 or any other stage

@@ -116,7 +116,23 @@ impl Fixture {
     /// A settled event for a fresh transfer, to `partition` (the partitioner's choice if
     /// `None`); returns its event id and where it landed.
     async fn settle(&self, partition: Option<i32>) -> (Uuid, Delivered) {
+        self.settle_as(Uuid::new_v4(), partition).await
+    }
+
+    /// A settled event whose calls `receiver` answers with `replies`, scripted before the
+    /// event is published: a member may call the moment it is written.
+    async fn settle_scripted(
+        &self,
+        partition: Option<i32>,
+        receiver: &Receiver,
+        replies: &[Reply],
+    ) -> (Uuid, Delivered) {
         let event_id = Uuid::new_v4();
+        receiver.script(event_id, replies);
+        self.settle_as(event_id, partition).await
+    }
+
+    async fn settle_as(&self, event_id: Uuid, partition: Option<i32>) -> (Uuid, Delivered) {
         let payload = json!({"eventoId": event_id, "transferenciaId": Uuid::new_v4(), "liquidadaEm": "2026-12-04T10:00:00Z"});
         let delivered = self.publish(topics::SETTLED, partition, payload.to_string().into_bytes()).await;
         (event_id, delivered)
@@ -138,8 +154,8 @@ impl Fixture {
         let admin = notifications_admin(&self.topics.args).await;
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
-            let (marker, delivered) = self.settle(Some(partition)).await;
-            receiver.script(marker, &[Reply::Status(200)]);
+            let (marker, delivered) =
+                self.settle_scripted(Some(partition), receiver, &[Reply::Status(200)]).await;
             wait_calls(receiver, marker, 1, Duration::from_secs(60)).await;
             let reached = Instant::now() + Duration::from_secs(3);
             while Instant::now() < reached {
@@ -257,8 +273,9 @@ async fn a_flaky_receiver_is_called_again_a_second_then_two_seconds_later() {
     let (receiver, url) = Receiver::start().await;
     let service = Service::start(&fixture.topics.args, 1, &url, 4, 2_000).await;
     members_assigned(&service, 4).await; // the gaps measured in a settled group, not one forming
-    let (event, _) = fixture.settle(None).await;
-    receiver.script(event, &[Reply::Status(503), Reply::Status(503), Reply::Status(200)]);
+    let (event, _) = fixture
+        .settle_scripted(None, &receiver, &[Reply::Status(503), Reply::Status(503), Reply::Status(200)])
+        .await;
 
     let calls = wait_calls(&receiver, event, 3, Duration::from_secs(60)).await;
     eprintln!("measured retry gaps: {:?}, {:?}", gap(&calls, 0), gap(&calls, 1));
@@ -280,8 +297,7 @@ async fn an_always_failing_receiver_gets_four_calls_then_the_dead_letter_is_writ
     let (receiver, url) = Receiver::start().await;
     let service = Service::start(&fixture.topics.args, 1, &url, 4, 2_000).await;
     members_assigned(&service, 4).await; // the gaps measured in a settled group, not one forming
-    let (event, original) = fixture.settle(None).await;
-    receiver.script(event, &[Reply::Status(503); 10]);
+    let (event, original) = fixture.settle_scripted(None, &receiver, &[Reply::Status(503); 10]).await;
 
     let calls = wait_calls(&receiver, event, 4, Duration::from_secs(60)).await;
     eprintln!("measured retry gaps: {:?}, {:?}, {:?}", gap(&calls, 0), gap(&calls, 1), gap(&calls, 2));
@@ -351,8 +367,7 @@ async fn a_client_error_is_dead_lettered_after_one_call_and_garbage_after_none()
     let fixture = Fixture::new(1).await;
     let (receiver, url) = Receiver::start().await;
     let service = Service::start(&fixture.topics.args, 1, &url, 4, 2_000).await;
-    let (event, _) = fixture.settle(None).await;
-    receiver.script(event, &[Reply::Status(400)]);
+    let (event, _) = fixture.settle_scripted(None, &receiver, &[Reply::Status(400)]).await;
     fixture.publish(topics::SETTLED, None, b"{not json".to_vec()).await;
 
     let letters = fixture.dead_letters(2).await;
@@ -403,8 +418,7 @@ async fn healthy_latencies_beside_a_slow_call(
         let (warm, _) = fixture.settle(Some(partition)).await;
         wait_calls(&receiver, warm, 1, Duration::from_secs(60)).await;
     }
-    let (hanging, _) = fixture.settle(Some(0)).await;
-    receiver.script(hanging, &[Reply::After(slow, 200)]);
+    let (hanging, _) = fixture.settle_scripted(Some(0), &receiver, &[Reply::After(slow, 200)]).await;
     let hung_at = wait_calls(&receiver, hanging, 1, Duration::from_secs(20)).await[0].at;
     let mut latencies = Vec::new();
     for n in 0..12 {

@@ -29,7 +29,10 @@ fn notifications(topics: &TestTopics, url: &str) -> Child {
 }
 
 async fn publish_settled(topics: &TestTopics, producer: &Producer, key: &str) -> Uuid {
-    let event_id = Uuid::new_v4();
+    publish_settled_as(topics, producer, key, Uuid::new_v4()).await
+}
+
+async fn publish_settled_as(topics: &TestTopics, producer: &Producer, key: &str, event_id: Uuid) -> Uuid {
     let payload = json!({"eventoId": event_id, "transferenciaId": Uuid::new_v4(), "liquidadaEm": "2026-12-04T10:00:00Z"});
     let record = OutgoingRecord::new(topics.topic(topics::SETTLED), key, payload.to_string());
     producer.send(&record).await.expect("publish");
@@ -132,8 +135,10 @@ async fn dead_letters_are_replayed_once_and_never_twice() {
     // three notifications the receiver refuses (400: dead-lettered after one call)
     let mut refused = Vec::new();
     for key in ["CC-001", "CC-002", "CC-003"] {
-        let event = publish_settled(&topics, &producer, key).await;
+        // scripted before it is published: the running service may call at once
+        let event = Uuid::new_v4();
         receiver.script(event, &[Reply::Status(400)]);
+        publish_settled_as(&topics, &producer, key, event).await;
         refused.push(event);
     }
     let letters = testkit::eventually("three dead letters", testkit::PATIENCE, || async {

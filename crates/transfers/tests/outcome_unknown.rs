@@ -58,8 +58,11 @@ async fn relay(client: TcpStream, server: TcpStream, armed: Arc<AtomicBool>, cut
         let mut buffer = vec![0u8; 64 * 1024];
         loop {
             let Ok(read) = from_server.read(&mut buffer).await else { return };
-            // the gate closes before COMMIT is forwarded: its answer never reaches the client
+            // the gate closes before COMMIT is forwarded: its answer never reaches the client.
+            // Counted here, before this task returns: returning drops the half that writes to
+            // the client, which then reads end-of-file and may answer its caller at once.
             if closed.load(Ordering::SeqCst) {
+                cuts.fetch_add(1, Ordering::SeqCst);
                 server_answered.notify_one();
                 return;
             }
@@ -113,7 +116,6 @@ async fn relay(client: TcpStream, server: TcpStream, armed: Arc<AtomicBool>, cut
             let _ = to_server.flush().await;
             // the server's answer means the COMMIT was executed; a failure detector bound only
             let _ = tokio::time::timeout(std::time::Duration::from_secs(60), answered.notified()).await;
-            cuts.fetch_add(1, Ordering::SeqCst);
             break; // both halves dropped: the client reads end-of-file instead of the answer
         }
         if commit_point {

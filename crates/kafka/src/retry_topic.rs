@@ -575,28 +575,6 @@ mod tests {
     }
 
     #[test]
-    fn a_dead_letter_redriven_to_a_retry_topic_is_due_at_once() {
-        let now = now_ms();
-        let mut current = record("t", 0, 1, None);
-        for failed in 1..=4 {
-            let out =
-                forwarded(&current, "g", &failure("503"), failed, &chain().after_failure("t", failed), now);
-            current = received(&out, i64::from(failed), now);
-        }
-        assert_eq!(current.topic(), "t-dlt");
-        // `pagamentos dlt replay --to t-retry-1000` copies every header, in order
-        let replayed = crate::dlt::replay_record("t-dlt", &current, "t-retry-1000");
-        let on_retry = received(&replayed, 0, now + 10);
-        let due = due_at_ms(&on_retry).expect("a backoff timestamp");
-        assert!(due <= now, "due {} ms after it was dead-lettered", due - now);
-        // the first value (1 s after the first failure) would hold it back
-        assert_eq!(
-            decode_big_integer(replayed.header_values("retry_topic-backoff-timestamp")[0]),
-            Ok(now + 1000)
-        );
-    }
-
-    #[test]
     fn due_time_comes_from_the_backoff_header() {
         let headers = OwnedHeaders::new().insert(Header {
             key: "retry_topic-backoff-timestamp",

@@ -13,19 +13,15 @@ mod summary;
 mod system;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{bail, Context};
 use clap::Parser;
 use serde::Serialize;
-use sqlx::{Connection, PgConnection};
-use tokio::process::{Child, Command};
 
 use loadgen::Report;
-use procs::{Part, Parts};
-use prom::{Hop, Scrape};
+use procs::Part;
+use prom::Hop;
 use summary::{ratio, summary};
 use system::System;
 

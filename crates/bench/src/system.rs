@@ -13,7 +13,8 @@ use tokio::process::{Child, Command};
 use loadgen::Report;
 
 use crate::procs::{Part, Parts};
-use crate::prom::{Hop, Scrape};
+use crate::prom::Scrape;
+use crate::{procs, prom};
 use crate::{Args, Measured, HOPS};
 
 fn free_port() -> anyhow::Result<u16> {

@@ -30,7 +30,7 @@ pub use accounts::{
     create_account, deposit, AccountRow, CreateAccountError, Deposit, DepositError, DepositMade,
 };
 pub use reads::{entries, find_account, outcome, Entry};
-pub(crate) use settle::{outcome_event, OutcomeEvent};
+pub(crate) use settle::outcome_event;
 pub use settle::{settle, OutcomeTopics, Request, Settlement};
 
 /// A transaction; failing to get one (whatever PostgreSQL answered: refused, shutting down,

@@ -54,17 +54,14 @@ mod common;
 mod harness;
 
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kafka::rdkafka::message::Message;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
-use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -72,7 +69,7 @@ use common::system::System;
 use harness::cluster::{Cluster, Isolated};
 use harness::inspect::{diagnose, read_all};
 use harness::network::Cut;
-use harness::processes::{deployments, dump_stacks, Service};
+use harness::processes::{deployments, dump_stacks};
 use contracts::topics;
 use testkit::webhook::Receiver;
 

@@ -27,7 +27,7 @@ pub enum Isolated {
 pub struct Cluster {
     state: PathBuf,
     base_port: u16,
-    bootstrap: String,
+    pub bootstrap: String,
     /// Dropped after the cluster is stopped (the fields after `Drop::drop`).
     network: Option<Network>,
 }

@@ -71,7 +71,9 @@ impl Parts {
                 let postmaster = parent_comm.is_none_or(|(comm, _)| comm != "postgres");
                 members.entry(Part::Postgres).or_default().push((pid, postmaster));
             } else if comm == "java"
-                && process.cmdline().is_ok_and(|arguments| arguments.iter().any(|arg| arg.contains("kafka.Kafka")))
+                && process
+                    .cmdline()
+                    .is_ok_and(|arguments| arguments.iter().any(|arg| arg.contains("kafka.Kafka")))
             {
                 members.entry(Part::Kafka).or_default().push((pid, false));
             }

@@ -838,7 +838,9 @@ mod tests {
         assert!(due <= now, "due {} ms after it was dead-lettered", due - now);
         // the first value (1 s after the first failure) would hold it back
         assert_eq!(
-            contracts::headers::decode_big_integer(replayed.header_values("retry_topic-backoff-timestamp")[0]),
+            contracts::headers::decode_big_integer(
+                replayed.header_values("retry_topic-backoff-timestamp")[0]
+            ),
             Ok(now + 1000)
         );
     }

@@ -18,4 +18,3 @@ pub fn partitions<C: rdkafka::client::ClientContext>(
         .map(|meta| meta.partitions().iter().map(|partition| partition.id()).collect())
         .unwrap_or_default())
 }
-

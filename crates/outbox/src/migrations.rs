@@ -138,8 +138,7 @@ mod tests {
         );
         let assembled = assemble(&service);
         assert_eq!(assembled.sql, format!("CREATE TABLE x ();\n{}-- end\n", part("trace_columns")));
-        let direct =
-            Migration::new(7, "schema".into(), MigrationType::Simple, assembled.sql.clone(), false);
+        let direct = Migration::new(7, "schema".into(), MigrationType::Simple, assembled.sql.clone(), false);
         assert_eq!(assembled.checksum, direct.checksum, "the checksum of the assembled text");
         let plain = Migration::new(8, "x".into(), MigrationType::Simple, "SELECT 1;\n".into(), false);
         assert_eq!(assemble(&plain).checksum, plain.checksum);

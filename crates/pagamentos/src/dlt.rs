@@ -6,9 +6,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use kafka::config::producer_config;
-use kafka_admin::dlt::{DeadLetterTopic, Letter, Selection};
 use kafka::producer::Producer;
 use kafka::KafkaArgs;
+use kafka_admin::dlt::{DeadLetterTopic, Letter, Selection};
 
 #[derive(Debug, clap::Args)]
 pub struct DltCommand {

@@ -6,8 +6,8 @@
 
 use std::process::ExitCode;
 
-use anyhow::Context as _;
 use ::database::schema::Prepared;
+use anyhow::Context as _;
 
 use crate::database::{connect, redacted};
 

@@ -66,11 +66,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use common::system::System;
+use contracts::topics;
 use harness::cluster::{Cluster, Isolated};
 use harness::inspect::{diagnose, read_all};
 use harness::network::Cut;
 use harness::processes::{deployments, dump_stacks};
-use contracts::topics;
 use testkit::webhook::Receiver;
 
 const ACCOUNTS: usize = 12;

@@ -150,10 +150,12 @@ async fn dead_letters_are_replayed_once_and_never_twice() {
     }
     let dead_letter_topic = topics.topic("transferencias.liquidada-dlt");
     let retained = |topic: String, args: kafka::KafkaArgs| async move {
-        tokio::task::spawn_blocking(move || kafka_admin::dlt::DeadLetterTopic::open(&args, &topic)?.retained())
-            .await
-            .expect("task")
-            .expect("retained")
+        tokio::task::spawn_blocking(move || {
+            kafka_admin::dlt::DeadLetterTopic::open(&args, &topic)?.retained()
+        })
+        .await
+        .expect("task")
+        .expect("retained")
     };
     assert_eq!(retained(dead_letter_topic.clone(), topics.args.clone()).await, 3);
 

@@ -141,7 +141,14 @@ impl Cluster {
     /// node: it leads nothing and is in no ISR, and when it was the controller another one is
     /// elected) and waits, up to `recovery`, until the heal is complete (the node back in every ISR); prints what
     /// the cluster did meanwhile, with wall-clock times to match the service logs.
-    pub async fn partition(&self, system: &System, isolated: Isolated, cut: Cut, hold: Duration, recovery: Duration) {
+    pub async fn partition(
+        &self,
+        system: &System,
+        isolated: Isolated,
+        cut: Cut,
+        hold: Duration,
+        recovery: Duration,
+    ) {
         let network = self.network.as_ref().expect("a partition needs the cluster in network namespaces");
         let watch = Watch::new(&self.bootstrap);
         let before = watch.view(None, Duration::from_secs(60)).await;

@@ -10,7 +10,7 @@ pub enum Error {
     #[error("ledger database migration failed")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("the ledger database is not ready (`pagamentos migrate` with LEDGER_MIGRATION_DATABASE_URL migrates it)")]
-    Schema(#[from] outbox::schema::SchemaError),
+    Schema(#[from] database::schema::SchemaError),
     #[error(transparent)]
     Kafka(#[from] kafka::Error),
     #[error("cannot listen on {address}")]
@@ -41,7 +41,7 @@ pub enum StoreError {
     Overflow(#[from] crate::settlement::Overflow),
 }
 
-pub use outbox::error::{classify, FailureKind};
+pub use database::failure::{classify, FailureKind};
 
 /// SQLSTATEs that say the database is not the schema this binary migrated: an undefined
 /// table (`42P01`), column (`42703`), function (`42883`) or schema (`3F000`). The service

@@ -6,8 +6,8 @@
 
 use std::process::ExitCode;
 
+use ::database::schema::Prepared;
 use anyhow::Context as _;
-use outbox::schema::Prepared;
 
 use crate::database::{connect, redacted};
 
@@ -110,7 +110,7 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
         }
         let migrator = database.migrator();
         let pool = connect(&url, 1).await?;
-        let prepared = outbox::schema::migrate_or_check(&pool, migrator).await.with_context(|| {
+        let prepared = ::database::schema::migrate_or_check(&pool, migrator).await.with_context(|| {
             format!(
                 "migrating {} (the URL's role must own the schema: {})",
                 redacted(&url),

@@ -39,7 +39,7 @@ impl StoreError {
     pub fn is_unavailable(&self) -> bool {
         match self {
             Self::Database(database) | Self::Outbox(outbox::Error::Database(database)) => {
-                outbox::error::classify(database) == outbox::error::FailureKind::Infrastructure
+                database::failure::classify(database) == database::failure::FailureKind::Infrastructure
             }
             Self::WriterStopped | Self::Unavailable(_) => true,
             _ => false,
@@ -57,7 +57,7 @@ pub enum Error {
     #[error("migrating the transferencias database failed")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("the transferencias database is not ready (`pagamentos migrate` with TRANSFERENCIAS_MIGRATION_DATABASE_URL migrates it)")]
-    Schema(#[from] outbox::schema::SchemaError),
+    Schema(#[from] database::schema::SchemaError),
     #[error(transparent)]
     Kafka(#[from] kafka::Error),
     #[error("cannot listen on {address}")]

@@ -1,18 +1,16 @@
 //! How the API writes accepted transfers: one transaction per request (the `reference`
 //! profile, as the article does), or a group commit (`fast`).
 //!
-//! Group commit: a few writer tasks take requests from one queue; each takes what is waiting
-//! (up to [`MAX_BATCH`]) and writes it in one transaction with [`store::create_batch`], so
+//! Group commit: a few writer tasks take requests from one queue (a multi-consumer `flume`
+//! channel); each takes what is waiting (up to [`MAX_BATCH`]) and writes it in one transaction with [`store::create_batch`], so
 //! requests that arrive while a transaction is open share the next commit (one WAL flush)
 //! instead of queueing for a connection each. A lone request is written at once: at low load a
 //! batch holds one request and adds only a hop between tasks. Every request still gets its own
 //! answer, sent after the commit; a batch whose transaction fails while the database is up is
 //! retried one request per transaction, so a request that breaks the transaction fails alone.
 
-use std::sync::Arc;
-
 use sqlx::PgPool;
-use tokio::sync::{mpsc, oneshot, Mutex};
+use tokio::sync::oneshot;
 
 use crate::error::StoreError;
 use crate::store::{self, Created, NewTransfer};
@@ -27,7 +25,7 @@ pub const WRITERS: usize = 4;
 pub struct Writer {
     pool: PgPool,
     /// `None`: each request in its own transaction, on the caller's task.
-    queue: Option<mpsc::Sender<Job>>,
+    queue: Option<flume::Sender<Job>>,
 }
 
 #[derive(Debug)]
@@ -45,8 +43,7 @@ impl Writer {
     /// Group commit with [`WRITERS`] tasks, spawned here. They end when every clone of the
     /// writer is gone (the API's router dropped at shutdown, its requests answered).
     pub fn batched(pool: PgPool) -> Self {
-        let (queue, jobs) = mpsc::channel(WRITERS * MAX_BATCH);
-        let jobs = Arc::new(Mutex::new(jobs));
+        let (queue, jobs) = flume::bounded(WRITERS * MAX_BATCH);
         for _ in 0..WRITERS {
             tokio::spawn(work(pool.clone(), jobs.clone()));
         }
@@ -62,27 +59,19 @@ impl Writer {
         };
         let (answer, answered) = oneshot::channel();
         queue.try_send(Job { transfer, answer }).map_err(|error| match error {
-            mpsc::error::TrySendError::Full(_) => StoreError::WriterBusy,
-            mpsc::error::TrySendError::Closed(_) => StoreError::WriterStopped,
+            flume::TrySendError::Full(_) => StoreError::WriterBusy,
+            flume::TrySendError::Disconnected(_) => StoreError::WriterStopped,
         })?;
         answered.await.map_err(|_| StoreError::WriterStopped)?
     }
 }
 
-async fn work(pool: PgPool, jobs: Arc<Mutex<mpsc::Receiver<Job>>>) {
-    loop {
-        let batch = {
-            let mut jobs = jobs.lock().await;
-            let Some(first) = jobs.recv().await else { return };
-            let mut batch = vec![first];
-            while batch.len() < MAX_BATCH {
-                match jobs.try_recv() {
-                    Ok(job) => batch.push(job),
-                    Err(_) => break,
-                }
-            }
-            batch
-        };
+/// One writer: waits for a request, takes what else is waiting (never waiting for more), writes
+/// them; ends when every sender is gone and the queue is empty.
+async fn work(pool: PgPool, jobs: flume::Receiver<Job>) {
+    while let Ok(first) = jobs.recv_async().await {
+        let mut batch = vec![first];
+        batch.extend(jobs.try_iter().take(MAX_BATCH - 1));
         metrics::histogram!("transferencias_lote_gravacao").record(batch.len() as f64);
         let transfers: Vec<&NewTransfer> = batch.iter().map(|job| &job.transfer).collect();
         let answers = write_batch(&pool, &transfers).await;

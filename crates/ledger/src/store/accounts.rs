@@ -1,0 +1,213 @@
+//! Accounts and deposits: an opening balance or a deposit is a double entry from the
+//! currency's issuer account, idempotent on the deposit's id.
+
+use sqlx::{PgConnection, PgPool, Row};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use contracts::Timestamp;
+use web::fields::issuer_account;
+
+use super::{begin, connection, lock_accounts, Entries};
+use crate::error::StoreError;
+
+/// A customer account as the API shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccountRow {
+    pub id: String,
+    pub currency: String,
+    pub balance_cents: i64,
+}
+
+/// Why an account was not created.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateAccountError {
+    #[error("account {0} already exists")]
+    Exists(String),
+    #[error(transparent)]
+    Deposit(#[from] DepositError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<sqlx::Error> for CreateAccountError {
+    fn from(error: sqlx::Error) -> Self {
+        Self::Store(StoreError::Database(error))
+    }
+}
+
+/// Creates account `id` in `currency`; an opening balance is a deposit from the issuer with id
+/// `nameUUIDFromBytes("abertura:" + id)`, in the same transaction.
+pub async fn create_account(
+    pool: &PgPool,
+    id: &str,
+    currency: &str,
+    opening_cents: i64,
+) -> Result<AccountRow, CreateAccountError> {
+    let mut transaction = begin(pool).await?;
+    let created = sqlx::query(
+        "INSERT INTO conta (id, saldo_centavos, moeda) VALUES ($1, 0, $2) ON CONFLICT (id) DO NOTHING",
+    )
+    .bind(id)
+    .bind(currency)
+    .execute(&mut *transaction)
+    .await?;
+    if created.rows_affected() == 0 {
+        return Err(CreateAccountError::Exists(id.to_owned()));
+    }
+    if opening_cents > 0 {
+        let deposit_id = contracts::ids::opening_deposit_id(id);
+        move_from_issuer(&mut transaction, deposit_id, id, currency, opening_cents).await?;
+    }
+    transaction.commit().await?;
+    Ok(AccountRow { id: id.to_owned(), currency: currency.to_owned(), balance_cents: opening_cents })
+}
+
+/// A stored deposit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deposit {
+    pub id: Uuid,
+    pub account: String,
+    pub amount_cents: i64,
+    pub created_at: Timestamp,
+}
+
+/// Why a deposit was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum DepositError {
+    #[error("no account {0}")]
+    NoAccount(String),
+    #[error("deposit {id} was already made with another account or amount")]
+    IdReused { id: Uuid, original: Deposit },
+    #[error("the deposit would take the balance of {0} past the largest amount")]
+    Overflow(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<sqlx::Error> for DepositError {
+    fn from(error: sqlx::Error) -> Self {
+        Self::Store(StoreError::Database(error))
+    }
+}
+
+/// Whether a deposit was made now or had been made before with the same data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DepositMade {
+    New(Deposit),
+    Replayed(Deposit),
+}
+
+/// Deposits `amount_cents` into `account`, idempotent on `deposit_id`.
+pub async fn deposit(
+    pool: &PgPool,
+    deposit_id: Uuid,
+    account: &str,
+    amount_cents: i64,
+) -> Result<DepositMade, DepositError> {
+    let mut transaction = begin(pool).await?;
+    let currency: Option<String> =
+        sqlx::query_scalar("SELECT moeda FROM conta WHERE id = $1 AND NOT emissor")
+            .bind(account)
+            .fetch_optional(&mut *transaction)
+            .await?;
+    let Some(currency) = currency else { return Err(DepositError::NoAccount(account.to_owned())) };
+    if let Some(original) = find_deposit(&mut transaction, deposit_id).await? {
+        return if original.account == account && original.amount_cents == amount_cents {
+            Ok(DepositMade::Replayed(original))
+        } else {
+            Err(DepositError::IdReused { id: deposit_id, original })
+        };
+    }
+    let made = move_from_issuer(&mut transaction, deposit_id, account, &currency, amount_cents).await;
+    match made {
+        Ok(deposit) => {
+            transaction.commit().await?;
+            Ok(DepositMade::New(deposit))
+        }
+        // the same depositoId committed by a concurrent request meanwhile
+        Err(DepositError::Store(StoreError::Database(sqlx::Error::Database(error))))
+            if error.is_unique_violation() =>
+        {
+            drop(transaction);
+            let mut connection = connection(pool).await?;
+            let original = find_deposit(&mut connection, deposit_id)
+                .await?
+                .ok_or(DepositError::NoAccount(account.to_owned()))?;
+            if original.account == account && original.amount_cents == amount_cents {
+                Ok(DepositMade::Replayed(original))
+            } else {
+                Err(DepositError::IdReused { id: deposit_id, original })
+            }
+        }
+        Err(error) => Err(error),
+    }
+}
+
+async fn find_deposit(connection: &mut PgConnection, id: Uuid) -> Result<Option<Deposit>, sqlx::Error> {
+    let row = sqlx::query("SELECT conta_id, valor_centavos, criado_em FROM deposito WHERE id = $1")
+        .bind(id)
+        .fetch_optional(connection)
+        .await?;
+    row.map(|row| {
+        Ok(Deposit {
+            id,
+            account: row.try_get("conta_id")?,
+            amount_cents: row.try_get("valor_centavos")?,
+            created_at: row.try_get::<OffsetDateTime, _>("criado_em")?.into(),
+        })
+    })
+    .transpose()
+}
+
+/// A deposit as a double entry from the currency's issuer account (created on demand), both
+/// accounts locked in byte order.
+async fn move_from_issuer(
+    connection: &mut PgConnection,
+    deposit_id: Uuid,
+    account: &str,
+    currency: &str,
+    amount_cents: i64,
+) -> Result<Deposit, DepositError> {
+    let issuer = issuer_account(currency);
+    sqlx::query(
+        "INSERT INTO conta (id, saldo_centavos, moeda, emissor) VALUES ($1, 0, $2, true) ON CONFLICT (id) DO NOTHING",
+    )
+    .bind(&issuer)
+    .bind(currency)
+    .execute(&mut *connection)
+    .await?;
+    let ids = {
+        let mut ids = vec![issuer.clone(), account.to_owned()];
+        ids.sort_unstable();
+        ids
+    };
+    let accounts = lock_accounts(connection, &ids).await?;
+    let balance = |id: &str| accounts.get(id).map_or(0, |account| account.balance_cents);
+    let debited =
+        balance(&issuer).checked_sub(amount_cents).ok_or_else(|| DepositError::Overflow(issuer.clone()))?;
+    let credited = balance(account)
+        .checked_add(amount_cents)
+        .ok_or_else(|| DepositError::Overflow(account.to_owned()))?;
+    let at = Timestamp::now();
+    sqlx::query("INSERT INTO deposito (id, conta_id, valor_centavos, criado_em) VALUES ($1, $2, $3, $4)")
+        .bind(deposit_id)
+        .bind(account)
+        .bind(amount_cents)
+        .bind(at.as_offset_date_time())
+        .execute(&mut *connection)
+        .await?;
+    sqlx::query(
+        "UPDATE conta SET saldo_centavos = novo.saldo \
+         FROM UNNEST($1::text[], $2::int8[]) AS novo(id, saldo) WHERE conta.id = novo.id",
+    )
+    .bind([issuer.as_str(), account])
+    .bind([debited, credited])
+    .execute(&mut *connection)
+    .await?;
+    let mut entries = Entries::default();
+    entries.push(deposit_id, &issuer, "D", amount_cents);
+    entries.push(deposit_id, account, "C", amount_cents);
+    entries.insert(connection, at.as_offset_date_time()).await?;
+    Ok(Deposit { id: deposit_id, account: account.to_owned(), amount_cents, created_at: at })
+}

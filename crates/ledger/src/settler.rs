@@ -125,20 +125,20 @@ impl Settler {
     async fn settle(&self, requests: &[Request]) -> Result<(), StoreError> {
         let started = Instant::now();
         let settlement = store::settle(&self.pool, requests, &self.topics).await?;
-        metrics::histogram!("ledger_liquidacao_seconds").record(started.elapsed().as_secs_f64());
+        metrics::histogram!("ledger_settlement_seconds").record(started.elapsed().as_secs_f64());
         for (transfer_id, outcome) in &settlement.decided {
-            let motivo = outcome.reason().unwrap_or("");
-            metrics::counter!("ledger_resultados_total", "resultado" => outcome.result(), "motivo" => motivo)
+            let reason = outcome.reason().unwrap_or("");
+            metrics::counter!("ledger_outcomes_total", "outcome" => outcome.result(), "reason" => reason)
                 .increment(1);
             match outcome {
                 Outcome::Settled => tracing::debug!(%transfer_id, "settled"),
                 Outcome::Rejected(reason) => {
-                    tracing::info!(%transfer_id, motivo = reason.as_str(), "rejected")
+                    tracing::info!(%transfer_id, reason = reason.as_str(), "rejected")
                 }
             }
         }
         for transfer_id in &settlement.already_decided {
-            metrics::counter!("ledger_ja_decididas_total").increment(1);
+            metrics::counter!("ledger_already_decided_total").increment(1);
             tracing::debug!(%transfer_id, "already decided; outcome pinned, nothing done");
         }
         Ok(())

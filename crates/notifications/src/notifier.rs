@@ -59,16 +59,16 @@ impl Attempt for Notifier {
             Err(error) => return Verdict::Reject(Failure::new(MALFORMED_EVENT, "serde_json::Error", &error)),
         };
         let span = tracing::info_span!(
-            "notificacoes.entregar",
+            "notifications.deliver",
             transfer_id = %outcome.transfer_id,
-            evento_id = %outcome.event_id,
-            evento_tipo = outcome.event_type.as_str(),
+            event_id = %outcome.event_id,
+            event_type = outcome.event_type.as_str(),
             topic = record.topic(),
         );
         kafka::trace::continue_from(&span, record);
         let Some(webhook) = &self.webhook else {
             span.in_scope(|| tracing::info!("notification (no NOTIFICACOES_WEBHOOK_URL: logged only)"));
-            metrics::counter!("notificacoes_webhook_total", "resultado" => "registrada").increment(1);
+            metrics::counter!("notifications_webhook_total", "outcome" => "logged").increment(1);
             return Verdict::Done;
         };
         let trace: Vec<(String, String)> = telemetry::context::inject(&span).into_iter().collect();

@@ -263,14 +263,14 @@ impl Webhook {
             Err(error) if error.is_connect() => Answer::Transient(DeliveryError::Connection(error)),
             Err(error) => Answer::Transient(DeliveryError::Request(error)),
         };
-        let resultado = match &answer {
-            Answer::Delivered(_) => "entregue",
-            Answer::Transient(_) => "falha_temporaria",
-            Answer::Permanent(_) => "recusada",
+        let outcome = match &answer {
+            Answer::Delivered(_) => "delivered",
+            Answer::Transient(_) => "transient_failure",
+            Answer::Permanent(_) => "refused",
         };
-        metrics::histogram!("notificacoes_webhook_seconds", "resultado" => resultado)
+        metrics::histogram!("notifications_webhook_seconds", "outcome" => outcome)
             .record(started.elapsed().as_secs_f64());
-        metrics::counter!("notificacoes_webhook_total", "resultado" => resultado).increment(1);
+        metrics::counter!("notifications_webhook_total", "outcome" => outcome).increment(1);
         answer
     }
 }

@@ -273,8 +273,8 @@ async fn an_always_failing_receiver_gets_four_calls_then_the_record_is_dead_lett
         format!("retries_total{{topic=\"{settled}-retry-1000\"}} 1"),
         format!("retries_total{{topic=\"{settled}-retry-2000\"}} 1"),
         format!("dlt_mensagens_total{{topic=\"{settled}-dlt\"}} 1"),
-        "notificacoes_webhook_seconds_bucket".to_owned(),
-        "notificacoes_webhook_total{resultado=\"falha_temporaria\"}".to_owned(),
+        "notifications_webhook_seconds_bucket".to_owned(),
+        "notifications_webhook_total{outcome=\"transient_failure\"}".to_owned(),
         format!("kafka_consumer_lag{{group=\"{group}-retry-4000\""),
     ] {
         assert!(metrics.contains(&expected), "{expected} missing from /metrics");
@@ -406,7 +406,7 @@ async fn a_receiver_that_does_not_answer_in_time_is_retried() {
     running.marker(topics::SETTLED, "CC-004", 3).await;
     assert_eq!(running.receiver.calls_for(event).len(), 2);
     let metrics = running.metrics().await;
-    assert!(metrics.contains("notificacoes_webhook_total{resultado=\"entregue\"}"), "{metrics}");
+    assert!(metrics.contains("notifications_webhook_total{outcome=\"delivered\"}"), "{metrics}");
     running.stop().await;
 }
 

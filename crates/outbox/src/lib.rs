@@ -8,7 +8,7 @@
 //! - [`relay`]: the relay loop: one active relay per database (an advisory lock), batches
 //!   leased to the relay instance in a short transaction (`FOR UPDATE SKIP LOCKED`), published
 //!   with the idempotent producer, marked published once the broker acknowledged them.
-//! - [`metrics`]: `outbox_pendentes`, `outbox_oldest_pending_seconds`, `outbox_reservados`.
+//! - [`metrics`]: `outbox_pendentes`, `outbox_oldest_pending_seconds`, `outbox_leased_rows`.
 //! - [`health`]: PostgreSQL readiness for `/readyz` (the shared floor of the services that own
 //!   a database).
 //! - [`schema`]: the start-up rule of that floor: migrate as the schema's owner, else check

@@ -158,12 +158,17 @@ pub async fn pending_too_long(
 #[derive(Debug, Clone, sqlx::FromRow)]
 struct TransferRow {
     id: Uuid,
-    conta_origem: String,
-    conta_destino: String,
-    valor_centavos: i64,
-    moeda: String,
+    #[sqlx(rename = "conta_origem")]
+    source_account: String,
+    #[sqlx(rename = "conta_destino")]
+    destination_account: String,
+    #[sqlx(rename = "valor_centavos")]
+    amount_cents: i64,
+    #[sqlx(rename = "moeda")]
+    currency: String,
     status: String,
-    motivo_rejeicao: Option<String>,
+    #[sqlx(rename = "motivo_rejeicao")]
+    rejection_reason: Option<String>,
 }
 
 /// Invariant 4, field by field: every transfer decided in `transferencias` and in the ledger
@@ -217,7 +222,7 @@ fn disagreement(
         (None, None) => None,
         // blocked by antifraude: decided before the ledger, which never hears of it
         (Some(transfer), None)
-            if transfer.motivo_rejeicao.as_deref()
+            if transfer.rejection_reason.as_deref()
                 == Some(contracts::events::RejectionReason::BlockedByAntifraud.as_str()) =>
         {
             None
@@ -227,7 +232,7 @@ fn disagreement(
             transfer.id,
             format!(
                 "{} in transferencias, not decided by the ledger",
-                outcome(&transfer.status, transfer.motivo_rejeicao.as_deref())
+                outcome(&transfer.status, transfer.rejection_reason.as_deref())
             ),
         )),
         (None, Some(decision)) if decision.result != "LIQUIDADA" => Some((
@@ -242,10 +247,10 @@ fn disagreement(
         (Some(transfer), Some(_)) if transfer.status == "PENDENTE" => None,
         (Some(transfer), Some(decision)) => {
             let mut differences = Vec::new();
-            if transfer.status != decision.result || transfer.motivo_rejeicao != decision.reason {
+            if transfer.status != decision.result || transfer.rejection_reason != decision.reason {
                 differences.push(format!(
                     "outcome {} in transferencias, {} in the ledger",
-                    outcome(&transfer.status, transfer.motivo_rejeicao.as_deref()),
+                    outcome(&transfer.status, transfer.rejection_reason.as_deref()),
                     outcome(&decision.result, decision.reason.as_deref())
                 ));
             }
@@ -258,12 +263,12 @@ fn disagreement(
                 };
                 field(
                     "amount",
-                    transfer.valor_centavos.to_string(),
+                    transfer.amount_cents.to_string(),
                     decision.amount_cents.map(|a| a.to_string()),
                 );
-                field("source", transfer.conta_origem.clone(), decision.source.clone());
-                field("destination", transfer.conta_destino.clone(), decision.destination.clone());
-                field("currency", transfer.moeda.clone(), decision.currency.clone());
+                field("source", transfer.source_account.clone(), decision.source.clone());
+                field("destination", transfer.destination_account.clone(), decision.destination.clone());
+                field("currency", transfer.currency.clone(), decision.currency.clone());
             }
             (!differences.is_empty()).then(|| (transfer.id, differences.join("; ")))
         }

@@ -3,7 +3,7 @@
 //!
 //! Idempotent and order-proof: only a `PENDENTE` transfer changes, so a duplicated or late
 //! event never overwrites a final status. An event for a transfer this database does not know
-//! is logged and counted (`projecao_transferencias_desconhecidas_total`), not retried forever.
+//! is logged and counted (`projection_unknown_transfers_total`), not retried forever.
 //! A record that is not a valid event goes to `<topic>-dlt` at once.
 
 use kafka::rdkafka::message::{Message, OwnedMessage};
@@ -72,7 +72,7 @@ impl Handler for Projection {
             match self.decode(record) {
                 Ok(outcome) => {
                     // the projection's hop in the transfer's trace
-                    let span = tracing::info_span!("projecao", transfer_id = %outcome.transfer_id, topic = record.topic());
+                    let span = tracing::info_span!("project", transfer_id = %outcome.transfer_id, topic = record.topic());
                     kafka::trace::continue_from(&span, record);
                     span.in_scope(|| tracing::debug!(status = outcome.status.as_str(), "outcome read"));
                     outcomes.push(outcome)
@@ -83,12 +83,12 @@ impl Handler for Projection {
         if !outcomes.is_empty() {
             let projected = store::project(&self.pool, &outcomes).await?;
             for (transfer_id, status) in &projected.updated {
-                let resultado = status.as_str();
-                metrics::counter!("transferencias_total", "resultado" => resultado).increment(1);
-                tracing::debug!(%transfer_id, resultado, "transfer status projected");
+                let status = status.as_str();
+                metrics::counter!("transferencias_total", "resultado" => status).increment(1);
+                tracing::debug!(%transfer_id, status, "transfer status projected");
             }
             for transfer_id in &projected.unknown {
-                metrics::counter!("projecao_transferencias_desconhecidas_total").increment(1);
+                metrics::counter!("projection_unknown_transfers_total").increment(1);
                 tracing::warn!(%transfer_id, "outcome for an unknown transfer ignored");
             }
         }

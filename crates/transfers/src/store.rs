@@ -16,14 +16,21 @@ use crate::error::StoreError;
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct Transfer {
     pub id: Uuid,
-    pub conta_origem: String,
-    pub conta_destino: String,
-    pub valor_centavos: i64,
-    pub moeda: String,
+    #[sqlx(rename = "conta_origem")]
+    pub source_account: String,
+    #[sqlx(rename = "conta_destino")]
+    pub destination_account: String,
+    #[sqlx(rename = "valor_centavos")]
+    pub amount_cents: i64,
+    #[sqlx(rename = "moeda")]
+    pub currency: String,
     pub status: String,
-    pub motivo_rejeicao: Option<String>,
-    pub criada_em: OffsetDateTime,
-    pub atualizada_em: OffsetDateTime,
+    #[sqlx(rename = "motivo_rejeicao")]
+    pub rejection_reason: Option<String>,
+    #[sqlx(rename = "criada_em")]
+    pub created_at: OffsetDateTime,
+    #[sqlx(rename = "atualizada_em")]
+    pub updated_at: OffsetDateTime,
 }
 
 /// An Idempotency-Key as stored: scoped by caller, bound to the request's fingerprint.

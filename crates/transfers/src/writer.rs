@@ -83,7 +83,7 @@ async fn work(pool: PgPool, jobs: Arc<Mutex<mpsc::Receiver<Job>>>) {
             }
             batch
         };
-        metrics::histogram!("transferencias_lote_gravacao").record(batch.len() as f64);
+        metrics::histogram!("transfers_write_batch_rows").record(batch.len() as f64);
         let transfers: Vec<&NewTransfer> = batch.iter().map(|job| &job.transfer).collect();
         let answers = write_batch(&pool, &transfers).await;
         for (job, answer) in batch.into_iter().zip(answers) {
@@ -104,8 +104,7 @@ pub async fn write_batch(pool: &PgPool, transfers: &[&NewTransfer]) -> Vec<Resul
         Ok(answers) => answers,
         Err(StoreError::OutcomeUnknown(cause)) => {
             tracing::error!(size = transfers.len(), error = %telemetry::error_chain(cause.as_ref()), "the connection broke during COMMIT: the outcome of a batch of transfers is unknown");
-            metrics::counter!("transferencias_resultado_desconhecido_total")
-                .increment(transfers.len() as u64);
+            metrics::counter!("transfers_outcome_unknown_total").increment(transfers.len() as u64);
             transfers.iter().map(|_| Err(StoreError::OutcomeUnknown(cause.clone()))).collect()
         }
         Err(error) if error.is_unavailable() || transfers.len() == 1 => {

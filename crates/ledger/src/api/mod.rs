@@ -78,14 +78,16 @@ fn internal(error: impl Into<StoreError>) -> ApiError {
 pub struct AccountView {
     #[schema(value_type = AccountId)]
     pub id: String,
-    pub moeda: String,
+    #[serde(rename = "moeda")]
+    pub currency: String,
     /// Negative only for an issuer account.
-    pub saldo_centavos: i64,
+    #[serde(rename = "saldoCentavos")]
+    pub balance_cents: i64,
 }
 
 impl From<AccountRow> for AccountView {
     fn from(row: AccountRow) -> Self {
-        Self { id: row.id, moeda: row.currency, saldo_centavos: row.balance_cents }
+        Self { id: row.id, currency: row.currency, balance_cents: row.balance_cents }
     }
 }
 
@@ -94,21 +96,25 @@ impl From<AccountRow> for AccountView {
 #[serde(rename_all = "camelCase")]
 #[schema(as = Deposit)]
 pub struct DepositView {
-    pub deposito_id: Uuid,
+    #[serde(rename = "depositoId")]
+    pub deposit_id: Uuid,
     #[schema(value_type = AccountId)]
-    pub conta_id: String,
-    pub valor_em_centavos: i64,
+    #[serde(rename = "contaId")]
+    pub account_id: String,
+    #[serde(rename = "valorEmCentavos")]
+    pub amount_cents: i64,
     #[schema(value_type = String, format = DateTime)]
-    pub criado_em: Timestamp,
+    #[serde(rename = "criadoEm")]
+    pub created_at: Timestamp,
 }
 
 impl From<Deposit> for DepositView {
     fn from(deposit: Deposit) -> Self {
         Self {
-            deposito_id: deposit.id,
-            conta_id: deposit.account,
-            valor_em_centavos: deposit.amount_cents,
-            criado_em: deposit.created_at,
+            deposit_id: deposit.id,
+            account_id: deposit.account,
+            amount_cents: deposit.amount_cents,
+            created_at: deposit.created_at,
         }
     }
 }
@@ -120,22 +126,26 @@ impl From<Deposit> for DepositView {
 pub struct EntryView {
     pub id: i64,
     /// The transfer's id, or the `depositoId`.
-    pub transferencia_id: Uuid,
+    #[serde(rename = "transferenciaId")]
+    pub transfer_id: Uuid,
     #[schema(value_type = EntryKind)]
-    pub tipo: String,
-    pub valor_centavos: i64,
+    #[serde(rename = "tipo")]
+    pub kind: String,
+    #[serde(rename = "valorCentavos")]
+    pub amount_cents: i64,
     #[schema(value_type = String, format = DateTime)]
-    pub criado_em: Timestamp,
+    #[serde(rename = "criadoEm")]
+    pub created_at: Timestamp,
 }
 
 impl From<Entry> for EntryView {
     fn from(entry: Entry) -> Self {
         Self {
             id: entry.id,
-            transferencia_id: entry.transfer_id,
-            tipo: entry.kind,
-            valor_centavos: entry.amount_cents,
-            criado_em: entry.created_at,
+            transfer_id: entry.transfer_id,
+            kind: entry.kind,
+            amount_cents: entry.amount_cents,
+            created_at: entry.created_at,
         }
     }
 }

@@ -36,7 +36,7 @@ impl From<StoreError> for ApiError {
                     .into(),
             },
             StoreError::WriterBusy => {
-                metrics::counter!("transferencias_recusadas_total", "motivo" => "fila_cheia").increment(1);
+                metrics::counter!("transfers_refused_total", "reason" => "queue_full").increment(1);
                 ApiError::Overloaded {
                     detail: format!(
                         "too many transfers are waiting to be written; retry in {WRITER_BUSY_RETRY_AFTER_S} s"

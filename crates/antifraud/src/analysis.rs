@@ -280,8 +280,8 @@ impl Analyser {
 fn decode(input: &OwnedMessage) -> Result<TransferRequested, MalformedEvent> {
     let event: TransferRequested =
         serde_json::from_slice(input.payload().unwrap_or_default()).map_err(MalformedEvent::Json)?;
-    if event.amount_cents <= 0 {
-        return Err(MalformedEvent::Amount(event.amount_cents));
+    if !event.amount_cents.is_positive() {
+        return Err(MalformedEvent::Amount(event.amount_cents.get()));
     }
     Ok(event)
 }

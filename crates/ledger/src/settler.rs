@@ -30,7 +30,7 @@ use kafka::dead_letter::Failure;
 use kafka::rdkafka::message::{Message, OwnedMessage};
 use sqlx::PgPool;
 
-use contracts::TransferAnalysed;
+use contracts::{Cents, TransferAnalysed};
 
 use crate::error::{FailureKind, StoreError};
 use crate::settlement::{Outcome, Transfer};
@@ -154,6 +154,8 @@ fn cause_fqcn(error: &StoreError) -> &'static str {
         StoreError::Encode(_) => type_name::<serde_json::Error>(),
         StoreError::DecidedConcurrently(_) => type_name::<StoreError>(),
         StoreError::Overflow(_) => type_name::<crate::settlement::Overflow>(),
+        StoreError::InvalidOutcome(_) => type_name::<contracts::domain::InvalidOutcome>(),
+        StoreError::InvalidCurrency(_) => type_name::<contracts::domain::InvalidCurrency>(),
     }
 }
 
@@ -172,9 +174,8 @@ impl MalformedEvent {
 pub fn decode(record: &OwnedMessage) -> Result<Request, MalformedEvent> {
     let event: TransferAnalysed =
         serde_json::from_slice(record.payload().unwrap_or_default()).map_err(MalformedEvent::Json)?;
-    if event.amount_cents <= 0 {
-        return Err(MalformedEvent::Amount(event.amount_cents));
-    }
+    let amount_cents =
+        Cents::amount(event.amount_cents.get()).map_err(|refused| MalformedEvent::Amount(refused.0))?;
     if event.source_account == event.destination_account {
         return Err(MalformedEvent::SameAccount(event.source_account));
     }
@@ -186,7 +187,7 @@ pub fn decode(record: &OwnedMessage) -> Result<Request, MalformedEvent> {
             transfer_id: event.transfer_id,
             source: event.source_account,
             destination: event.destination_account,
-            amount_cents: event.amount_cents,
+            amount_cents,
             currency: event.currency,
         },
         traceparent: trace.remove("traceparent"),

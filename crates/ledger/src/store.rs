@@ -7,14 +7,15 @@
 
 use std::collections::{HashMap, HashSet};
 
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgConnection, PgPool};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
 use contracts::events::OutcomeDetails;
 use contracts::ids::{derived_event_id, REJECTED_BY_LEDGER_PREFIX, SETTLED_PREFIX};
-use contracts::{EventType, Timestamp, TransferRejected, TransferSettled};
-use web::fields::issuer_account;
+use contracts::{
+    AccountId, Cents, Currency, EntryKind, EventType, Timestamp, TransferRejected, TransferSettled,
+};
 
 use crate::error::StoreError;
 use crate::settlement::{decide, Account, Outcome, Transfer};
@@ -54,29 +55,37 @@ async fn connection(pool: &PgPool) -> Result<sqlx::pool::PoolConnection<sqlx::Po
     pool.acquire().await.map_err(StoreError::Unavailable)
 }
 
+/// A `conta` row as the settlement rules read it.
+#[derive(Debug, sqlx::FromRow)]
+struct LockedAccount {
+    id: String,
+    #[sqlx(rename = "moeda")]
+    currency: String,
+    #[sqlx(rename = "saldo_centavos", try_from = "i64")]
+    balance_cents: Cents,
+    #[sqlx(rename = "emissor")]
+    issuer: bool,
+}
+
 /// Locks `ids` (those that exist) in byte order and reads them.
 async fn lock_accounts(
     connection: &mut PgConnection,
     ids: &[String],
 ) -> Result<HashMap<String, Account>, sqlx::Error> {
-    let rows = sqlx::query(
+    let rows: Vec<LockedAccount> = sqlx::query_as(
         "SELECT id, moeda, saldo_centavos, emissor FROM conta WHERE id = ANY($1) ORDER BY id FOR UPDATE",
     )
     .bind(ids)
     .fetch_all(&mut *connection)
     .await?;
-    rows.into_iter()
+    Ok(rows
+        .into_iter()
         .map(|row| {
-            Ok((
-                row.try_get::<String, _>("id")?,
-                Account {
-                    currency: row.try_get::<String, _>("moeda")?,
-                    balance_cents: row.try_get("saldo_centavos")?,
-                    issuer: row.try_get("emissor")?,
-                },
-            ))
+            let account =
+                Account { currency: row.currency, balance_cents: row.balance_cents, issuer: row.issuer };
+            (row.id, account)
         })
-        .collect()
+        .collect())
 }
 
 /// Settles `requests` in one transaction: per transfer the business key is checked (a
@@ -97,7 +106,7 @@ pub async fn settle(
     account_ids.sort_unstable();
     account_ids.dedup();
     let mut accounts = lock_accounts(&mut transaction, &account_ids).await?;
-    let before: HashMap<String, i64> =
+    let before: HashMap<String, Cents> =
         accounts.iter().map(|(id, account)| (id.clone(), account.balance_cents)).collect();
 
     // after the locks: whoever decided a transfer touching these accounts has committed
@@ -125,8 +134,13 @@ pub async fn settle(
         }
         let outcome = decide(transfer, &mut accounts)?;
         if outcome == Outcome::Settled {
-            entries.push(transfer.transfer_id, &transfer.source, "D", transfer.amount_cents);
-            entries.push(transfer.transfer_id, &transfer.destination, "C", transfer.amount_cents);
+            entries.push(transfer.transfer_id, &transfer.source, EntryKind::Debit, transfer.amount_cents);
+            entries.push(
+                transfer.transfer_id,
+                &transfer.destination,
+                EntryKind::Credit,
+                transfer.amount_cents,
+            );
         }
         events.push(outcome_event(request, outcome, now, topics)?);
         settlement.decided.push((transfer.transfer_id, outcome));
@@ -139,7 +153,7 @@ pub async fn settle(
     let ids: Vec<Uuid> = settlement.decided.iter().map(|(id, _)| *id).collect();
     let results: Vec<&str> = settlement.decided.iter().map(|(_, outcome)| outcome.result()).collect();
     let reasons: Vec<Option<&str>> = settlement.decided.iter().map(|(_, outcome)| outcome.reason()).collect();
-    let claimed = sqlx::query(
+    let claimed: Vec<Uuid> = sqlx::query_scalar(
         "INSERT INTO transferencia_processada (transferencia_id, resultado, motivo, processada_em) \
          SELECT id, resultado, motivo, $4 FROM UNNEST($1::uuid[], $2::text[], $3::text[]) AS d(id, resultado, motivo) \
          ON CONFLICT (transferencia_id) DO NOTHING RETURNING transferencia_id",
@@ -153,8 +167,7 @@ pub async fn settle(
     if claimed.len() != ids.len() {
         // only a transfer whose accounts do not exist escapes the account locks; roll back and
         // let the retry see the other instance's decision
-        let claimed: HashSet<Uuid> =
-            claimed.iter().filter_map(|row| row.try_get::<Uuid, _>(0).ok()).collect();
+        let claimed: HashSet<Uuid> = claimed.into_iter().collect();
         let lost = ids
             .iter()
             .find(|id| !claimed.contains(id))
@@ -163,13 +176,14 @@ pub async fn settle(
         return Err(StoreError::DecidedConcurrently(lost));
     }
 
-    let changed: Vec<(&String, i64)> = accounts
+    let changed: Vec<(&String, Cents)> = accounts
         .iter()
         .filter(|(id, account)| before.get(*id) != Some(&account.balance_cents))
         .map(|(id, account)| (id, account.balance_cents))
         .collect();
     if !changed.is_empty() {
-        let (ids, balances): (Vec<&str>, Vec<i64>) = changed.iter().map(|(id, b)| (id.as_str(), *b)).unzip();
+        let (ids, balances): (Vec<&str>, Vec<i64>) =
+            changed.iter().map(|(id, balance)| (id.as_str(), balance.get())).unzip();
         sqlx::query(
             "UPDATE conta SET saldo_centavos = novo.saldo \
              FROM UNNEST($1::text[], $2::int8[]) AS novo(id, saldo) WHERE conta.id = novo.id",
@@ -185,7 +199,9 @@ pub async fn settle(
     assert!(entries.balanced(), "settlement entries do not balance: {entries:?}");
     let moved: i128 = changed
         .iter()
-        .map(|(id, balance)| i128::from(*balance) - i128::from(before.get(*id).copied().unwrap_or_default()))
+        .map(|(id, balance)| {
+            i128::from(balance.get()) - i128::from(before.get(*id).copied().unwrap_or_default().get())
+        })
         .sum();
     assert_eq!(moved, 0, "settlement moved balances by a non-zero sum: {changed:?}");
     entries.insert(&mut transaction, at).await?;
@@ -200,13 +216,13 @@ pub async fn settle(
 struct Entries {
     transfer_ids: Vec<Uuid>,
     accounts: Vec<String>,
-    kinds: Vec<&'static str>,
-    amounts: Vec<i64>,
+    kinds: Vec<EntryKind>,
+    amounts: Vec<Cents>,
 }
 
 impl Entries {
-    fn push(&mut self, transfer_id: Uuid, account: &str, kind: &'static str, amount_cents: i64) {
-        assert!(amount_cents > 0, "an entry of {amount_cents} cents");
+    fn push(&mut self, transfer_id: Uuid, account: &str, kind: EntryKind, amount_cents: Cents) {
+        assert!(amount_cents.is_positive(), "an entry of {amount_cents} cents");
         self.transfer_ids.push(transfer_id);
         self.accounts.push(account.to_owned());
         self.kinds.push(kind);
@@ -218,7 +234,11 @@ impl Entries {
     fn balanced(&self) -> bool {
         let mut per_transfer: HashMap<Uuid, i128> = HashMap::new();
         for ((transfer_id, kind), amount) in self.transfer_ids.iter().zip(&self.kinds).zip(&self.amounts) {
-            let signed = if *kind == "D" { -i128::from(*amount) } else { i128::from(*amount) };
+            let amount = i128::from(amount.get());
+            let signed = match kind {
+                EntryKind::Debit => -amount,
+                EntryKind::Credit => amount,
+            };
             *per_transfer.entry(*transfer_id).or_default() += signed;
         }
         per_transfer.values().all(|sum| *sum == 0)
@@ -235,8 +255,8 @@ impl Entries {
         )
         .bind(&self.transfer_ids)
         .bind(&self.accounts)
-        .bind(&self.kinds)
-        .bind(&self.amounts)
+        .bind(self.kinds.iter().map(EntryKind::as_str).collect::<Vec<_>>())
+        .bind(self.amounts.iter().map(|amount| amount.get()).collect::<Vec<_>>())
         .bind(at)
         .execute(connection)
         .await?;
@@ -316,11 +336,13 @@ pub(crate) fn outcome_event(
 }
 
 /// A customer account as the API shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct AccountRow {
     pub id: String,
+    #[sqlx(rename = "moeda")]
     pub currency: String,
-    pub balance_cents: i64,
+    #[sqlx(rename = "saldo_centavos", try_from = "i64")]
+    pub balance_cents: Cents,
 }
 
 /// Why an account was not created.
@@ -345,34 +367,37 @@ impl From<sqlx::Error> for CreateAccountError {
 pub async fn create_account(
     pool: &PgPool,
     id: &str,
-    currency: &str,
-    opening_cents: i64,
+    currency: &Currency,
+    opening_cents: Cents,
 ) -> Result<AccountRow, CreateAccountError> {
     let mut transaction = begin(pool).await?;
     let created = sqlx::query(
         "INSERT INTO conta (id, saldo_centavos, moeda) VALUES ($1, 0, $2) ON CONFLICT (id) DO NOTHING",
     )
     .bind(id)
-    .bind(currency)
+    .bind(currency.as_str())
     .execute(&mut *transaction)
     .await?;
     if created.rows_affected() == 0 {
         return Err(CreateAccountError::Exists(id.to_owned()));
     }
-    if opening_cents > 0 {
+    if opening_cents.is_positive() {
         let deposit_id = contracts::ids::opening_deposit_id(id);
         move_from_issuer(&mut transaction, deposit_id, id, currency, opening_cents).await?;
     }
     transaction.commit().await?;
-    Ok(AccountRow { id: id.to_owned(), currency: currency.to_owned(), balance_cents: opening_cents })
+    Ok(AccountRow { id: id.to_owned(), currency: currency.as_str().to_owned(), balance_cents: opening_cents })
 }
 
 /// A stored deposit.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct Deposit {
     pub id: Uuid,
+    #[sqlx(rename = "conta_id")]
     pub account: String,
-    pub amount_cents: i64,
+    #[sqlx(rename = "valor_centavos", try_from = "i64")]
+    pub amount_cents: Cents,
+    #[sqlx(rename = "criado_em", try_from = "OffsetDateTime")]
     pub created_at: Timestamp,
 }
 
@@ -407,7 +432,7 @@ pub async fn deposit(
     pool: &PgPool,
     deposit_id: Uuid,
     account: &str,
-    amount_cents: i64,
+    amount_cents: Cents,
 ) -> Result<DepositMade, DepositError> {
     let mut transaction = begin(pool).await?;
     let currency: Option<String> =
@@ -416,6 +441,8 @@ pub async fn deposit(
             .fetch_optional(&mut *transaction)
             .await?;
     let Some(currency) = currency else { return Err(DepositError::NoAccount(account.to_owned())) };
+    // what `conta.moeda` holds was checked when the account was created
+    let currency = Currency::parse(currency).map_err(StoreError::from)?;
     if let Some(original) = find_deposit(&mut transaction, deposit_id).await? {
         return if original.account == account && original.amount_cents == amount_cents {
             Ok(DepositMade::Replayed(original))
@@ -449,19 +476,10 @@ pub async fn deposit(
 }
 
 async fn find_deposit(connection: &mut PgConnection, id: Uuid) -> Result<Option<Deposit>, sqlx::Error> {
-    let row = sqlx::query("SELECT conta_id, valor_centavos, criado_em FROM deposito WHERE id = $1")
+    sqlx::query_as("SELECT id, conta_id, valor_centavos, criado_em FROM deposito WHERE id = $1")
         .bind(id)
         .fetch_optional(connection)
-        .await?;
-    row.map(|row| {
-        Ok(Deposit {
-            id,
-            account: row.try_get("conta_id")?,
-            amount_cents: row.try_get("valor_centavos")?,
-            created_at: row.try_get::<OffsetDateTime, _>("criado_em")?.into(),
-        })
-    })
-    .transpose()
+        .await
 }
 
 /// A deposit as a double entry from the currency's issuer account (created on demand), both
@@ -470,15 +488,15 @@ async fn move_from_issuer(
     connection: &mut PgConnection,
     deposit_id: Uuid,
     account: &str,
-    currency: &str,
-    amount_cents: i64,
+    currency: &Currency,
+    amount_cents: Cents,
 ) -> Result<Deposit, DepositError> {
-    let issuer = issuer_account(currency);
+    let issuer = AccountId::issuer(currency).into_string();
     sqlx::query(
         "INSERT INTO conta (id, saldo_centavos, moeda, emissor) VALUES ($1, 0, $2, true) ON CONFLICT (id) DO NOTHING",
     )
     .bind(&issuer)
-    .bind(currency)
+    .bind(currency.as_str())
     .execute(&mut *connection)
     .await?;
     let ids = {
@@ -487,7 +505,7 @@ async fn move_from_issuer(
         ids
     };
     let accounts = lock_accounts(connection, &ids).await?;
-    let balance = |id: &str| accounts.get(id).map_or(0, |account| account.balance_cents);
+    let balance = |id: &str| accounts.get(id).map_or(Cents::ZERO, |account| account.balance_cents);
     let debited =
         balance(&issuer).checked_sub(amount_cents).ok_or_else(|| DepositError::Overflow(issuer.clone()))?;
     let credited = balance(account)
@@ -497,7 +515,7 @@ async fn move_from_issuer(
     sqlx::query("INSERT INTO deposito (id, conta_id, valor_centavos, criado_em) VALUES ($1, $2, $3, $4)")
         .bind(deposit_id)
         .bind(account)
-        .bind(amount_cents)
+        .bind(amount_cents.get())
         .bind(at.as_offset_date_time())
         .execute(&mut *connection)
         .await?;
@@ -506,12 +524,12 @@ async fn move_from_issuer(
          FROM UNNEST($1::text[], $2::int8[]) AS novo(id, saldo) WHERE conta.id = novo.id",
     )
     .bind([issuer.as_str(), account])
-    .bind([debited, credited])
+    .bind([debited.get(), credited.get()])
     .execute(&mut *connection)
     .await?;
     let mut entries = Entries::default();
-    entries.push(deposit_id, &issuer, "D", amount_cents);
-    entries.push(deposit_id, account, "C", amount_cents);
+    entries.push(deposit_id, &issuer, EntryKind::Debit, amount_cents);
+    entries.push(deposit_id, account, EntryKind::Credit, amount_cents);
     entries.insert(connection, at.as_offset_date_time()).await?;
     Ok(Deposit { id: deposit_id, account: account.to_owned(), amount_cents, created_at: at })
 }
@@ -519,70 +537,51 @@ async fn move_from_issuer(
 /// Account `id` (issuer accounts included), if it exists.
 pub async fn find_account(pool: &PgPool, id: &str) -> Result<Option<AccountRow>, StoreError> {
     let mut connection = connection(pool).await?;
-    let row = sqlx::query("SELECT id, moeda, saldo_centavos FROM conta WHERE id = $1")
+    Ok(sqlx::query_as("SELECT id, moeda, saldo_centavos FROM conta WHERE id = $1")
         .bind(id)
         .fetch_optional(&mut *connection)
-        .await?;
-    let account = row
-        .map(|row| {
-            Ok::<_, sqlx::Error>(AccountRow {
-                id: row.try_get("id")?,
-                currency: row.try_get::<String, _>("moeda")?,
-                balance_cents: row.try_get("saldo_centavos")?,
-            })
-        })
-        .transpose()?;
-    Ok(account)
+        .await?)
 }
 
 /// One `lancamento` row.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct Entry {
     pub id: i64,
+    #[sqlx(rename = "transferencia_id")]
     pub transfer_id: Uuid,
-    pub kind: String,
-    pub amount_cents: i64,
+    /// An unknown `tipo` fails the read (`sqlx::Error::ColumnDecode`).
+    #[sqlx(rename = "tipo", try_from = "String")]
+    pub kind: EntryKind,
+    #[sqlx(rename = "valor_centavos", try_from = "i64")]
+    pub amount_cents: Cents,
+    #[sqlx(rename = "criado_em", try_from = "OffsetDateTime")]
     pub created_at: Timestamp,
 }
 
 /// The newest `limit` entries of `account`, newest first.
 pub async fn entries(pool: &PgPool, account: &str, limit: i64) -> Result<Vec<Entry>, StoreError> {
     let mut connection = connection(pool).await?;
-    let rows = sqlx::query(
+    Ok(sqlx::query_as(
         "SELECT id, transferencia_id, tipo, valor_centavos, criado_em FROM lancamento \
          WHERE conta_id = $1 ORDER BY id DESC LIMIT $2",
     )
     .bind(account)
     .bind(limit)
     .fetch_all(&mut *connection)
-    .await?;
-    let entries = rows
-        .into_iter()
-        .map(|row| {
-            Ok(Entry {
-                id: row.try_get("id")?,
-                transfer_id: row.try_get("transferencia_id")?,
-                kind: row.try_get::<String, _>("tipo")?,
-                amount_cents: row.try_get("valor_centavos")?,
-                created_at: row.try_get::<OffsetDateTime, _>("criado_em")?.into(),
-            })
-        })
-        .collect::<Result<Vec<_>, sqlx::Error>>()?;
-    Ok(entries)
+    .await?)
 }
 
-/// The stored outcome of `transfer_id`, if decided: (`resultado`, `motivo`).
-pub async fn outcome(
-    pool: &PgPool,
-    transfer_id: Uuid,
-) -> Result<Option<(String, Option<String>)>, StoreError> {
+/// The stored outcome of `transfer_id`, if decided (`resultado`, `motivo`); a pair that is no
+/// outcome is [`StoreError::InvalidOutcome`].
+pub async fn outcome(pool: &PgPool, transfer_id: Uuid) -> Result<Option<Outcome>, StoreError> {
     let mut connection = connection(pool).await?;
-    let row =
+    let row: Option<(String, Option<String>)> =
         sqlx::query_as("SELECT resultado, motivo FROM transferencia_processada WHERE transferencia_id = $1")
             .bind(transfer_id)
             .fetch_optional(&mut *connection)
             .await?;
-    Ok(row)
+    row.map(|(result, reason)| Outcome::parse(&result, reason.as_deref()).map_err(StoreError::from))
+        .transpose()
 }
 
 #[cfg(test)]
@@ -593,20 +592,21 @@ mod tests {
     fn entries_balance_per_transfer_not_only_in_total() {
         let (one, two) = (Uuid::new_v4(), Uuid::new_v4());
         let mut entries = Entries::default();
-        entries.push(one, "A", "D", 100);
-        entries.push(one, "B", "C", 100);
+        let cents = Cents::new;
+        entries.push(one, "A", EntryKind::Debit, cents(100));
+        entries.push(one, "B", EntryKind::Credit, cents(100));
         assert!(entries.balanced());
         // the totals match, each transfer does not
-        entries.push(two, "A", "D", 50);
-        entries.push(one, "B", "C", 50);
-        entries.push(two, "B", "C", 1);
-        entries.push(one, "A", "D", 1);
+        entries.push(two, "A", EntryKind::Debit, cents(50));
+        entries.push(one, "B", EntryKind::Credit, cents(50));
+        entries.push(two, "B", EntryKind::Credit, cents(1));
+        entries.push(one, "A", EntryKind::Debit, cents(1));
         assert!(!entries.balanced());
     }
 
     #[test]
     #[should_panic(expected = "an entry of 0 cents")]
     fn an_entry_of_nothing_is_a_bug() {
-        Entries::default().push(Uuid::new_v4(), "A", "D", 0);
+        Entries::default().push(Uuid::new_v4(), "A", EntryKind::Debit, Cents::ZERO);
     }
 }

@@ -177,8 +177,5 @@ pub async fn run(args: RepublishArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn decided(outcome: Outcome) -> String {
-    match outcome {
-        Outcome::Settled => "LIQUIDADA".into(),
-        Outcome::Rejected(reason) => format!("REJEITADA ({reason})"),
-    }
+    outcome.to_string()
 }

@@ -87,9 +87,7 @@ pub async fn settled_in_both(transfers: &PgPool, ledger_pool: &PgPool) -> anyhow
         let outcome = ledger::store::outcome(ledger_pool, id).await?;
         let ledger_says = match outcome {
             None => "not decided".to_owned(),
-            Some((result, reason)) => {
-                format!("{result}{}", reason.map(|r| format!(" ({r})")).unwrap_or_default())
-            }
+            Some(outcome) => outcome.to_string(),
         };
         breaks.push(Break {
             invariant: 4,
@@ -139,10 +137,9 @@ pub async fn pending_too_long(
     for (id, age_s) in listed {
         let ledger_says = match ledger::store::outcome(ledger_pool, id).await? {
             None => "not decided by the ledger".to_owned(),
-            Some((result, reason)) => format!(
-                "{result}{} in the ledger: its outcome event did not reach transferencias",
-                reason.map(|r| format!(" ({r})")).unwrap_or_default()
-            ),
+            Some(outcome) => {
+                format!("{outcome} in the ledger: its outcome event did not reach transferencias")
+            }
         };
         breaks.push(Break {
             invariant: 4,

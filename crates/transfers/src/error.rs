@@ -15,6 +15,10 @@ pub enum StoreError {
     /// Another request with the same Idempotency-Key is being processed.
     #[error("a request with this Idempotency-Key is still being processed")]
     KeyInFlight,
+    /// The database holds a status this binary does not know: an error, never read as
+    /// `PENDENTE`.
+    #[error("the transfers database holds a status this binary does not know")]
+    UnknownStatus(#[from] contracts::domain::UnknownName),
     #[error("the Idempotency-Key points to a transfer that does not exist")]
     KeyWithoutTransfer,
     /// The writer tasks are gone (the service is stopping).

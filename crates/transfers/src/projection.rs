@@ -13,9 +13,9 @@ use kafka::consumer::{Handler, Verdict};
 use kafka::dead_letter::{DeadLetterPublisher, Failure};
 use sqlx::PgPool;
 
-use crate::domain::Status;
 use crate::error::StoreError;
 use crate::store::{self, Outcome};
+use contracts::Outcome as Decided;
 
 /// The `kafka_dlt-exception-fqcn` of an unreadable outcome event: the type path of
 /// [`contracts::MalformedEvent`] (a unit test holds them equal).
@@ -47,13 +47,11 @@ impl Projection {
         let payload = record.payload().unwrap_or_default();
         Ok(match OutcomeEvent::decode(record.topic() == self.settled_topic, payload)? {
             OutcomeEvent::Settled(event) => {
-                Outcome { transfer_id: event.transfer_id, status: Status::Settled, reason: None }
+                Outcome { transfer_id: event.transfer_id, decided: Decided::Settled }
             }
-            OutcomeEvent::Rejected(event) => Outcome {
-                transfer_id: event.transfer_id,
-                status: Status::Rejected,
-                reason: Some(event.reason.as_str().to_owned()),
-            },
+            OutcomeEvent::Rejected(event) => {
+                Outcome { transfer_id: event.transfer_id, decided: Decided::Rejected(event.reason) }
+            }
         })
     }
 }
@@ -74,7 +72,7 @@ impl Handler for Projection {
                     // the projection's hop in the transfer's trace
                     let span = tracing::info_span!("project", transfer_id = %outcome.transfer_id, topic = record.topic());
                     kafka::trace::continue_from(&span, record);
-                    span.in_scope(|| tracing::debug!(status = outcome.status.as_str(), "outcome read"));
+                    span.in_scope(|| tracing::debug!(status = outcome.decided.result(), "outcome read"));
                     outcomes.push(outcome)
                 }
                 Err(error) => poison.push((record, error)),

@@ -7,9 +7,13 @@ use sqlx::{PgPool, Postgres, Transaction};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use contracts::{EventType, Timestamp, TransferRequested};
+use contracts::{Cents, EventType, Timestamp, TransferRequested, TransferStatus};
 
 use crate::domain::{Status, TransferRequest};
+
+/// A status that is not one of `transferencia`'s: the database holds what this binary does not
+/// know (a newer writer, a hand edit); never read as `PENDENTE`.
+pub type UnknownStatus = contracts::domain::UnknownName;
 use crate::error::StoreError;
 
 /// A row of `transferencia`.
@@ -20,11 +24,13 @@ pub struct Transfer {
     pub source_account: String,
     #[sqlx(rename = "conta_destino")]
     pub destination_account: String,
-    #[sqlx(rename = "valor_centavos")]
-    pub amount_cents: i64,
+    #[sqlx(rename = "valor_centavos", try_from = "i64")]
+    pub amount_cents: Cents,
     #[sqlx(rename = "moeda")]
     pub currency: String,
-    pub status: String,
+    /// An unknown spelling in the row fails the read (`sqlx::Error::ColumnDecode`).
+    #[sqlx(try_from = "String")]
+    pub status: TransferStatus,
     #[sqlx(rename = "motivo_rejeicao")]
     pub rejection_reason: Option<String>,
     #[sqlx(rename = "criada_em")]
@@ -226,7 +232,7 @@ async fn insert_transfer(
         .bind(id)
         .bind(&request.source_account)
         .bind(&request.destination_account)
-        .bind(request.amount_cents)
+        .bind(request.amount_cents.get())
         .bind(&request.currency)
         .bind(Status::Pending.as_str())
         .bind(created_at.as_offset_date_time());
@@ -330,8 +336,7 @@ pub async fn delete_expired_keys(pool: &PgPool) -> Result<u64, StoreError> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
     pub transfer_id: Uuid,
-    pub status: Status,
-    pub reason: Option<String>,
+    pub decided: contracts::Outcome,
 }
 
 /// What projecting a batch of outcomes did.
@@ -351,8 +356,8 @@ pub async fn project(pool: &PgPool, outcomes: &[Outcome]) -> Result<Projected, S
     let mut seen = std::collections::HashSet::new();
     let unique: Vec<&Outcome> = outcomes.iter().filter(|outcome| seen.insert(outcome.transfer_id)).collect();
     let ids: Vec<Uuid> = unique.iter().map(|outcome| outcome.transfer_id).collect();
-    let statuses: Vec<&str> = unique.iter().map(|outcome| outcome.status.as_str()).collect();
-    let reasons: Vec<Option<&str>> = unique.iter().map(|outcome| outcome.reason.as_deref()).collect();
+    let statuses: Vec<&str> = unique.iter().map(|outcome| outcome.decided.result()).collect();
+    let reasons: Vec<Option<&str>> = unique.iter().map(|outcome| outcome.decided.reason()).collect();
     let mut tx = pool.begin().await?;
     let updated: Vec<(Uuid, String)> = sqlx::query_as(
         "UPDATE transferencia AS t SET status = u.status, motivo_rejeicao = u.motivo, atualizada_em = now() \
@@ -376,12 +381,9 @@ pub async fn project(pool: &PgPool, outcomes: &[Outcome]) -> Result<Projected, S
     };
     tx.commit().await?;
     let unknown: Vec<Uuid> = rest.iter().copied().filter(|id| !known.contains(id)).collect();
-    Ok(Projected {
-        updated: updated
-            .into_iter()
-            .map(|(id, status)| (id, Status::parse(&status).unwrap_or(Status::Pending)))
-            .collect(),
-        already_final: known.len(),
-        unknown,
-    })
+    let updated = updated
+        .into_iter()
+        .map(|(id, status)| Ok((id, Status::parse(&status)?)))
+        .collect::<Result<_, UnknownStatus>>()?;
+    Ok(Projected { updated, already_final: known.len(), unknown })
 }

@@ -19,12 +19,12 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use contracts::Timestamp;
-use web::fields::{is_active_currency, validate_account_syntax, ISSUER_PREFIX};
+use contracts::domain::{validate_account_syntax, ISSUER_PREFIX};
+use contracts::{Cents, Currency, EntryKind, Timestamp};
 use web::problem::Kind;
 use web::{ApiError, Caller, FieldError, JsonBody, Problem};
 
-use self::openapi::{AccountRequestBody, DepositRequestBody, EntryKind};
+use self::openapi::{AccountRequestBody, DepositRequestBody, EntryKind as EntryKindName};
 use web::openapi::AccountId;
 
 use crate::error::{FailureKind, StoreError};
@@ -82,7 +82,8 @@ pub struct AccountView {
     pub currency: String,
     /// Negative only for an issuer account.
     #[serde(rename = "saldoCentavos")]
-    pub balance_cents: i64,
+    #[schema(value_type = i64)]
+    pub balance_cents: Cents,
 }
 
 impl From<AccountRow> for AccountView {
@@ -102,7 +103,8 @@ pub struct DepositView {
     #[serde(rename = "contaId")]
     pub account_id: String,
     #[serde(rename = "valorEmCentavos")]
-    pub amount_cents: i64,
+    #[schema(value_type = i64)]
+    pub amount_cents: Cents,
     #[schema(value_type = String, format = DateTime)]
     #[serde(rename = "criadoEm")]
     pub created_at: Timestamp,
@@ -128,11 +130,12 @@ pub struct EntryView {
     /// The transfer's id, or the `depositoId`.
     #[serde(rename = "transferenciaId")]
     pub transfer_id: Uuid,
-    #[schema(value_type = EntryKind)]
+    #[schema(value_type = EntryKindName)]
     #[serde(rename = "tipo")]
-    pub kind: String,
+    pub kind: EntryKind,
     #[serde(rename = "valorCentavos")]
-    pub amount_cents: i64,
+    #[schema(value_type = i64)]
+    pub amount_cents: Cents,
     #[schema(value_type = String, format = DateTime)]
     #[serde(rename = "criadoEm")]
     pub created_at: Timestamp,
@@ -244,12 +247,13 @@ pub async fn create_account(
             errors.push(FieldError::new("moeda", "is required"));
             None
         }
-        Some(Value::String(code)) if is_active_currency(code) => Some(code.clone()),
-        Some(Value::String(code)) => {
-            errors
-                .push(FieldError::new("moeda", format!("{code:?} is not an active ISO 4217 currency code")));
-            None
-        }
+        Some(Value::String(code)) => match Currency::parse(code.as_str()) {
+            Ok(currency) => Some(currency),
+            Err(invalid) => {
+                errors.push(FieldError::new("moeda", invalid.to_string()));
+                None
+            }
+        },
         Some(_) => {
             errors.push(FieldError::new("moeda", "must be a string"));
             None
@@ -263,7 +267,7 @@ pub async fn create_account(
     if !errors.is_empty() {
         return Err(ApiError::Validation(errors));
     }
-    match store::create_account(&state.pool, &id, &currency, opening).await {
+    match store::create_account(&state.pool, &id, &currency, Cents::new(opening)).await {
         Ok(account) => {
             let location = format!("/contas/{}", account.id);
             Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(AccountView::from(account)))
@@ -345,16 +349,21 @@ pub async fn deposit(
             None
         }
     };
-    let amount = cents(object, "valorEmCentavos", &mut errors);
-    match amount {
-        None if !errors.iter().any(|error| error.field == "valorEmCentavos") => {
-            errors.push(FieldError::new("valorEmCentavos", "is required"))
+    let amount = match cents(object, "valorEmCentavos", &mut errors) {
+        None => {
+            if !errors.iter().any(|error| error.field == "valorEmCentavos") {
+                errors.push(FieldError::new("valorEmCentavos", "is required"));
+            }
+            None
         }
-        Some(amount) if amount <= 0 => {
-            errors.push(FieldError::new("valorEmCentavos", "must be greater than 0"))
-        }
-        _ => {}
-    }
+        Some(amount) => match Cents::amount(amount) {
+            Ok(amount) => Some(amount),
+            Err(_) => {
+                errors.push(FieldError::new("valorEmCentavos", "must be greater than 0"));
+                None
+            }
+        },
+    };
     let (Some(deposit_id), Some(amount)) = (deposit_id, amount) else {
         return Err(ApiError::Validation(errors));
     };

@@ -7,7 +7,7 @@ use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use contracts::Timestamp;
+use contracts::{Cents, Timestamp};
 
 use super::openapi::{RejectionName, StatusName, TransferRequestBody};
 use super::AppState;
@@ -39,11 +39,12 @@ pub struct TransferView {
     #[schema(value_type = AccountId)]
     pub destination_account: String,
     #[serde(rename = "valorEmCentavos")]
-    pub amount_cents: i64,
+    #[schema(value_type = i64)]
+    pub amount_cents: Cents,
     #[serde(rename = "moeda")]
     pub currency: String,
     #[schema(value_type = StatusName)]
-    pub status: String,
+    pub status: Status,
     /// Set when `status` is `REJEITADA`, else null.
     #[serde(rename = "motivoRejeicao")]
     #[schema(value_type = Option<RejectionName>, required = true)]
@@ -166,7 +167,7 @@ pub async fn create(
     });
     let span = tracing::Span::current();
     let trace = telemetry::context::inject(&span);
-    let amount_cents = request.amount_cents;
+    let amount_cents = request.amount_cents.get();
     let target = EventTarget {
         topic: state.requested_topic.clone(),
         traceparent: trace.get("traceparent").cloned(),
@@ -263,8 +264,8 @@ pub async fn list(
     let status = match query.status.as_deref() {
         None => None,
         Some(text) => match Status::parse(text) {
-            Some(status) => Some(status),
-            None => {
+            Ok(status) => Some(status),
+            Err(_) => {
                 errors.push(FieldError {
                     field: "status",
                     message: "must be PENDENTE, LIQUIDADA or REJEITADA".into(),

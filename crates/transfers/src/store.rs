@@ -29,7 +29,7 @@ pub struct Transfer {
     #[sqlx(rename = "moeda")]
     pub currency: String,
     /// An unknown spelling in the row fails the read (`sqlx::Error::ColumnDecode`).
-    #[sqlx(try_from = "String")]
+    #[sqlx(try_from = "StatusColumn")]
     pub status: TransferStatus,
     #[sqlx(rename = "motivo_rejeicao")]
     pub rejection_reason: Option<String>,
@@ -37,6 +37,33 @@ pub struct Transfer {
     pub created_at: OffsetDateTime,
     #[sqlx(rename = "atualizada_em")]
     pub updated_at: OffsetDateTime,
+}
+
+/// `transferencia.status` as read: a [`TransferStatus`], or a decode error that names the
+/// spelling this binary does not know (its source is [`UnknownStatus`]).
+pub struct StatusColumn(TransferStatus);
+
+impl sqlx::Type<Postgres> for StatusColumn {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <String as sqlx::Type<Postgres>>::type_info()
+    }
+
+    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+        <String as sqlx::Type<Postgres>>::compatible(ty)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, Postgres> for StatusColumn {
+    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        let text = <&str as sqlx::Decode<Postgres>>::decode(value)?;
+        Ok(Self(TransferStatus::parse(text)?))
+    }
+}
+
+impl From<StatusColumn> for TransferStatus {
+    fn from(column: StatusColumn) -> Self {
+        column.0
+    }
 }
 
 /// An Idempotency-Key as stored: scoped by caller, bound to the request's fingerprint.

@@ -362,8 +362,8 @@ async fn a_client_error_is_dead_lettered_after_one_call_and_garbage_after_none()
         letters.iter().find(|letter| letter.payload() == Some(&b"{not json"[..])).expect("garbage letter");
     assert_eq!(header(refused, "kafka_exception-fqcn"), b"notifications::webhook::ClientError");
     assert_eq!(header(refused, "kafka_exception-cause-fqcn"), b"http::status::StatusCode");
-    assert_eq!(header(garbage, "kafka_exception-fqcn"), b"notifications::notifier::MalformedEvent");
-    assert_eq!(header(garbage, "kafka_exception-cause-fqcn"), b"serde_json::Error");
+    assert_eq!(header(garbage, "kafka_exception-fqcn"), notifications::notifier::MALFORMED_EVENT.as_bytes());
+    assert_eq!(header(garbage, "kafka_exception-cause-fqcn"), b"serde_json::error::Error");
     // rejected by the first attempt: on their way to attempt 2
     assert_eq!(decode_int(header(refused, "retry_topic-attempts")), Ok(2));
     assert_eq!(decode_int(header(garbage, "retry_topic-attempts")), Ok(2));

@@ -91,7 +91,8 @@ impl Handler for Projection {
             }
         }
         for (record, error) in poison {
-            let failure = Failure::new(MALFORMED_EVENT, std::any::type_name::<serde_json::Error>(), &error);
+            // the cause named from the error held, as Spring names the cause's class
+            let failure = Failure::new(MALFORMED_EVENT, std::any::type_name_of_val(&error.source), &error);
             self.dead_letters.publish(record, &failure).await?;
         }
         Ok(Verdict::all_done(batch))

@@ -14,7 +14,7 @@ use crate::domain::{Status, TransferRequest};
 /// A status that is not one of `transferencia`'s: the database holds what this binary does not
 /// know (a newer writer, a hand edit); never read as `PENDENTE`.
 pub type UnknownStatus = contracts::domain::UnknownName;
-use crate::error::StoreError;
+use crate::error::{Refusal, StoreError};
 
 /// A row of `transferencia`.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -41,6 +41,7 @@ pub struct Transfer {
 
 /// `transferencia.status` as read: a [`TransferStatus`], or a decode error that names the
 /// spelling this binary does not know (its source is [`UnknownStatus`]).
+#[derive(Debug)]
 pub struct StatusColumn(TransferStatus);
 
 impl sqlx::Type<Postgres> for StatusColumn {
@@ -190,12 +191,12 @@ async fn create_in(
         match held {
             // nothing committed in the way: either a request not committed yet holds the key's
             // lock, or the cleanup (which takes no lock) deleted an expired row since the claim
-            None if !key_lock(tx, key).await? => return Ok(Err(StoreError::KeyInFlight)),
+            None if !key_lock(tx, key).await? => return Ok(Err(Refusal::KeyInFlight.into())),
             None => {}
             Some((_, _, true)) => {
                 // only the lock's holder may delete: another deleting it is in flight
                 if !key_lock(tx, key).await? {
-                    return Ok(Err(StoreError::KeyInFlight));
+                    return Ok(Err(Refusal::KeyInFlight.into()));
                 }
                 // gone already if the cleanup got there first: the claim is retried either way
                 sqlx::query(
@@ -208,14 +209,14 @@ async fn create_in(
             }
             Some((fingerprint, transfer_id, false)) => {
                 if fingerprint != key.fingerprint {
-                    return Ok(Err(StoreError::KeyReused));
+                    return Ok(Err(Refusal::KeyReused.into()));
                 }
                 let transfer = find(&mut **tx, transfer_id).await?;
                 return Ok(transfer.map(Created::Replayed).ok_or(StoreError::KeyWithoutTransfer));
             }
         }
     }
-    Ok(Err(StoreError::KeyInFlight))
+    Ok(Err(Refusal::KeyInFlight.into()))
 }
 
 /// Takes `key`'s transaction-scoped advisory lock without waiting (`true` if this transaction

@@ -107,11 +107,10 @@ pub async fn write_batch(pool: &PgPool, transfers: &[&NewTransfer]) -> Vec<Resul
             metrics::counter!("transfers_outcome_unknown_total").increment(transfers.len() as u64);
             transfers.iter().map(|_| Err(StoreError::OutcomeUnknown(cause.clone()))).collect()
         }
-        Err(error) if error.is_unavailable() || transfers.len() == 1 => {
-            let cause = telemetry::error_chain(&error);
-            let mut answers = vec![Err(error)];
-            answers.extend((1..transfers.len()).map(|_| Err(StoreError::Unavailable(cause.clone()))));
-            answers
+        Err(error) if transfers.len() == 1 => vec![Err(error)],
+        Err(error) if error.is_unavailable() => {
+            let cause = Arc::new(error);
+            transfers.iter().map(|_| Err(StoreError::Unavailable(cause.clone()))).collect()
         }
         Err(error) => {
             tracing::warn!(size = transfers.len(), error = %telemetry::error_chain(&error), "a batch of transfers failed: writing them one by one");

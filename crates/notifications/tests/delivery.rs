@@ -371,7 +371,7 @@ async fn a_client_error_is_dead_lettered_after_one_call_and_garbage_after_none()
     let by_message: Vec<&[u8]> =
         letters.iter().map(|letter| header(letter, "kafka_exception-fqcn")).collect();
     assert!(by_message.contains(&&b"notifications::webhook::ClientError"[..]), "{by_message:?}");
-    assert!(by_message.contains(&&notifications::notifier::MALFORMED_EVENT.as_bytes()), "{by_message:?}");
+    assert!(by_message.contains(&notifications::notifier::MALFORMED_EVENT.as_bytes()), "{by_message:?}");
     let garbage =
         letters.iter().find(|letter| letter.payload() == Some(&b"{not json"[..])).expect("garbage letter");
     // rejected by the first attempt: on its way to attempt 2, due at once

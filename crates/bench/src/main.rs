@@ -145,8 +145,8 @@ const HOPS: [HopSpec; 6] = [
         metric: "outbox_delivery_seconds",
         labels: &[("database", "transferencias")],
     },
-    HopSpec { name: "antifraude_transaction", metric: "antifraude_transaction_seconds", labels: &[] },
-    HopSpec { name: "ledger_settlement", metric: "ledger_liquidacao_seconds", labels: &[] },
+    HopSpec { name: "antifraude_transaction", metric: "antifraud_transaction_seconds", labels: &[] },
+    HopSpec { name: "ledger_settlement", metric: "ledger_settlement_seconds", labels: &[] },
     HopSpec { name: "relay_ledger", metric: "outbox_delivery_seconds", labels: &[("database", "ledger")] },
     HopSpec { name: "consumer_batch", metric: "kafka_batch_handling_seconds", labels: &[] },
 ];

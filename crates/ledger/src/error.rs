@@ -39,6 +39,12 @@ pub enum StoreError {
     DecidedConcurrently(uuid::Uuid),
     #[error(transparent)]
     Overflow(#[from] crate::settlement::Overflow),
+    /// `transferencia_processada` holds a (`resultado`, `motivo`) this binary does not know.
+    #[error("the ledger database holds an unknown outcome")]
+    InvalidOutcome(#[from] contracts::domain::InvalidOutcome),
+    /// `conta.moeda` holds what is not an active currency code.
+    #[error("the ledger database holds an unknown currency")]
+    InvalidCurrency(#[from] contracts::domain::InvalidCurrency),
 }
 
 pub use database::failure::{classify, FailureKind};
@@ -68,7 +74,9 @@ impl StoreError {
             Self::Outbox(outbox::Error::Database(error)) => classify(error),
             Self::Outbox(outbox::Error::Kafka(_)) => FailureKind::Infrastructure,
             Self::DecidedConcurrently(_) => FailureKind::Transient,
-            Self::Encode(_) | Self::Overflow(_) => FailureKind::Permanent,
+            Self::Encode(_) | Self::Overflow(_) | Self::InvalidOutcome(_) | Self::InvalidCurrency(_) => {
+                FailureKind::Permanent
+            }
         }
     }
 }

@@ -19,9 +19,11 @@ mod settle;
 
 use std::collections::HashMap;
 
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgConnection, PgPool};
 use time::OffsetDateTime;
 use uuid::Uuid;
+
+use contracts::{Cents, EntryKind};
 
 use crate::error::StoreError;
 use crate::settlement::Account;
@@ -44,29 +46,37 @@ async fn connection(pool: &PgPool) -> Result<sqlx::pool::PoolConnection<sqlx::Po
     pool.acquire().await.map_err(StoreError::Unavailable)
 }
 
+/// A `conta` row as the settlement rules read it.
+#[derive(Debug, sqlx::FromRow)]
+struct LockedAccount {
+    id: String,
+    #[sqlx(rename = "moeda")]
+    currency: String,
+    #[sqlx(rename = "saldo_centavos", try_from = "i64")]
+    balance_cents: Cents,
+    #[sqlx(rename = "emissor")]
+    issuer: bool,
+}
+
 /// Locks `ids` (those that exist) in byte order and reads them.
 async fn lock_accounts(
     connection: &mut PgConnection,
     ids: &[String],
 ) -> Result<HashMap<String, Account>, sqlx::Error> {
-    let rows = sqlx::query(
+    let rows: Vec<LockedAccount> = sqlx::query_as(
         "SELECT id, moeda, saldo_centavos, emissor FROM conta WHERE id = ANY($1) ORDER BY id FOR UPDATE",
     )
     .bind(ids)
     .fetch_all(&mut *connection)
     .await?;
-    rows.into_iter()
+    Ok(rows
+        .into_iter()
         .map(|row| {
-            Ok((
-                row.try_get::<String, _>("id")?,
-                Account {
-                    currency: row.try_get::<String, _>("moeda")?,
-                    balance_cents: row.try_get("saldo_centavos")?,
-                    issuer: row.try_get("emissor")?,
-                },
-            ))
+            let account =
+                Account { currency: row.currency, balance_cents: row.balance_cents, issuer: row.issuer };
+            (row.id, account)
         })
-        .collect()
+        .collect())
 }
 
 /// `lancamento` rows to insert with one statement.
@@ -74,13 +84,13 @@ async fn lock_accounts(
 struct Entries {
     transfer_ids: Vec<Uuid>,
     accounts: Vec<String>,
-    kinds: Vec<&'static str>,
-    amounts: Vec<i64>,
+    kinds: Vec<EntryKind>,
+    amounts: Vec<Cents>,
 }
 
 impl Entries {
-    fn push(&mut self, transfer_id: Uuid, account: &str, kind: &'static str, amount_cents: i64) {
-        assert!(amount_cents > 0, "an entry of {amount_cents} cents");
+    fn push(&mut self, transfer_id: Uuid, account: &str, kind: EntryKind, amount_cents: Cents) {
+        assert!(amount_cents.is_positive(), "an entry of {amount_cents} cents");
         self.transfer_ids.push(transfer_id);
         self.accounts.push(account.to_owned());
         self.kinds.push(kind);
@@ -92,7 +102,11 @@ impl Entries {
     fn balanced(&self) -> bool {
         let mut per_transfer: HashMap<Uuid, i128> = HashMap::new();
         for ((transfer_id, kind), amount) in self.transfer_ids.iter().zip(&self.kinds).zip(&self.amounts) {
-            let signed = if *kind == "D" { -i128::from(*amount) } else { i128::from(*amount) };
+            let amount = i128::from(amount.get());
+            let signed = match kind {
+                EntryKind::Debit => -amount,
+                EntryKind::Credit => amount,
+            };
             *per_transfer.entry(*transfer_id).or_default() += signed;
         }
         per_transfer.values().all(|sum| *sum == 0)
@@ -109,8 +123,8 @@ impl Entries {
         )
         .bind(&self.transfer_ids)
         .bind(&self.accounts)
-        .bind(&self.kinds)
-        .bind(&self.amounts)
+        .bind(self.kinds.iter().map(EntryKind::as_str).collect::<Vec<_>>())
+        .bind(self.amounts.iter().map(|amount| amount.get()).collect::<Vec<_>>())
         .bind(at)
         .execute(connection)
         .await?;
@@ -126,20 +140,21 @@ mod tests {
     fn entries_balance_per_transfer_not_only_in_total() {
         let (one, two) = (Uuid::new_v4(), Uuid::new_v4());
         let mut entries = Entries::default();
-        entries.push(one, "A", "D", 100);
-        entries.push(one, "B", "C", 100);
+        let cents = Cents::new;
+        entries.push(one, "A", EntryKind::Debit, cents(100));
+        entries.push(one, "B", EntryKind::Credit, cents(100));
         assert!(entries.balanced());
         // the totals match, each transfer does not
-        entries.push(two, "A", "D", 50);
-        entries.push(one, "B", "C", 50);
-        entries.push(two, "B", "C", 1);
-        entries.push(one, "A", "D", 1);
+        entries.push(two, "A", EntryKind::Debit, cents(50));
+        entries.push(one, "B", EntryKind::Credit, cents(50));
+        entries.push(two, "B", EntryKind::Credit, cents(1));
+        entries.push(one, "A", EntryKind::Debit, cents(1));
         assert!(!entries.balanced());
     }
 
     #[test]
     #[should_panic(expected = "an entry of 0 cents")]
     fn an_entry_of_nothing_is_a_bug() {
-        Entries::default().push(Uuid::new_v4(), "A", "D", 0);
+        Entries::default().push(Uuid::new_v4(), "A", EntryKind::Debit, Cents::ZERO);
     }
 }

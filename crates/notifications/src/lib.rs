@@ -353,7 +353,7 @@ pub enum Error {
     #[error(transparent)]
     Auth(#[from] telemetry::health::HealthAuthError),
     #[error(transparent)]
-    Webhook(#[from] webhook::ClientError),
+    Webhook(#[from] webhook::ClientBuildError),
     #[error(transparent)]
     ShareGroup(#[from] share_group::Error),
     #[error("cannot sign webhooks: {0}")]

@@ -8,7 +8,7 @@
 //! - [`relay`]: the relay loop: one active relay per database (an advisory lock), batches
 //!   leased to the relay instance in a short transaction (`FOR UPDATE SKIP LOCKED`), published
 //!   with the idempotent producer, marked published once the broker acknowledged them.
-//! - [`metrics`]: `outbox_pendentes`, `outbox_oldest_pending_seconds`, `outbox_reservados`.
+//! - [`metrics`]: `outbox_pendentes`, `outbox_oldest_pending_seconds`, `outbox_leased_rows`.
 //! - [`migrations`]: `outbox_evento`'s migrations, merged into each service's migrator.
 //!
 //! # Architecture invariant

@@ -62,7 +62,7 @@ impl MigrateArgs {
         };
         [
             (
-                Database::Transferencias,
+                Database::Transfers,
                 pick(
                     &self.transferencias_migration_database_url,
                     &self.transferencias_database_url,
@@ -83,21 +83,22 @@ impl MigrateArgs {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Database {
-    Transferencias,
+    #[value(name = "transferencias")]
+    Transfers,
     Ledger,
 }
 
 impl Database {
     fn migration_variable(self) -> &'static str {
         match self {
-            Database::Transferencias => "TRANSFERENCIAS_MIGRATION_DATABASE_URL",
+            Database::Transfers => "TRANSFERENCIAS_MIGRATION_DATABASE_URL",
             Database::Ledger => "LEDGER_MIGRATION_DATABASE_URL",
         }
     }
 
     fn migrator(self) -> &'static sqlx::migrate::Migrator {
         match self {
-            Database::Transferencias => &transfers::MIGRATOR,
+            Database::Transfers => &transfers::MIGRATOR,
             Database::Ledger => &ledger::MIGRATOR,
         }
     }

@@ -88,9 +88,7 @@ pub async fn settled_in_both(transfers: &PgPool, ledger_pool: &PgPool) -> anyhow
         let outcome = ledger::store::outcome(ledger_pool, id).await?;
         let ledger_says = match outcome {
             None => "not decided".to_owned(),
-            Some((result, reason)) => {
-                format!("{result}{}", reason.map(|r| format!(" ({r})")).unwrap_or_default())
-            }
+            Some(outcome) => outcome.to_string(),
         };
         breaks.push(Break {
             invariant: 4,
@@ -123,10 +121,9 @@ pub async fn pending_too_long(
     for (id, age_s) in listed {
         let ledger_says = match ledger::store::outcome(ledger_pool, id).await? {
             None => "not decided by the ledger".to_owned(),
-            Some((result, reason)) => format!(
-                "{result}{} in the ledger: its outcome event did not reach transferencias",
-                reason.map(|r| format!(" ({r})")).unwrap_or_default()
-            ),
+            Some(outcome) => {
+                format!("{outcome} in the ledger: its outcome event did not reach transferencias")
+            }
         };
         breaks.push(Break {
             invariant: 4,
@@ -185,7 +182,7 @@ fn disagreement(
         (None, None) => None,
         // blocked by antifraude: decided before the ledger, which never hears of it
         (Some(transfer), None)
-            if transfer.motivo_rejeicao.as_deref()
+            if transfer.rejection_reason.as_deref()
                 == Some(contracts::events::RejectionReason::BlockedByAntifraud.as_str()) =>
         {
             None
@@ -195,7 +192,7 @@ fn disagreement(
             transfer.id,
             format!(
                 "{} in transferencias, not decided by the ledger",
-                outcome(&transfer.status, transfer.motivo_rejeicao.as_deref())
+                outcome(&transfer.status, transfer.rejection_reason.as_deref())
             ),
         )),
         (None, Some(decision)) if decision.result != "LIQUIDADA" => Some((
@@ -210,10 +207,10 @@ fn disagreement(
         (Some(transfer), Some(_)) if transfer.status == "PENDENTE" => None,
         (Some(transfer), Some(decision)) => {
             let mut differences = Vec::new();
-            if transfer.status != decision.result || transfer.motivo_rejeicao != decision.reason {
+            if transfer.status != decision.result || transfer.rejection_reason != decision.reason {
                 differences.push(format!(
                     "outcome {} in transferencias, {} in the ledger",
-                    outcome(&transfer.status, transfer.motivo_rejeicao.as_deref()),
+                    outcome(&transfer.status, transfer.rejection_reason.as_deref()),
                     outcome(&decision.result, decision.reason.as_deref())
                 ));
             }
@@ -226,12 +223,12 @@ fn disagreement(
                 };
                 field(
                     "amount",
-                    transfer.valor_centavos.to_string(),
+                    transfer.amount_cents.to_string(),
                     decision.amount_cents.map(|a| a.to_string()),
                 );
-                field("source", transfer.conta_origem.clone(), decision.source.clone());
-                field("destination", transfer.conta_destino.clone(), decision.destination.clone());
-                field("currency", transfer.moeda.clone(), decision.currency.clone());
+                field("source", transfer.source_account.clone(), decision.source.clone());
+                field("destination", transfer.destination_account.clone(), decision.destination.clone());
+                field("currency", transfer.currency.clone(), decision.currency.clone());
             }
             (!differences.is_empty()).then(|| (transfer.id, differences.join("; ")))
         }

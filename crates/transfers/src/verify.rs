@@ -47,12 +47,17 @@ pub async fn pending_older_than(
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct TransferRow {
     pub id: Uuid,
-    pub conta_origem: String,
-    pub conta_destino: String,
-    pub valor_centavos: i64,
-    pub moeda: String,
+    #[sqlx(rename = "conta_origem")]
+    pub source_account: String,
+    #[sqlx(rename = "conta_destino")]
+    pub destination_account: String,
+    #[sqlx(rename = "valor_centavos")]
+    pub amount_cents: i64,
+    #[sqlx(rename = "moeda")]
+    pub currency: String,
     pub status: String,
-    pub motivo_rejeicao: Option<String>,
+    #[sqlx(rename = "motivo_rejeicao")]
+    pub rejection_reason: Option<String>,
 }
 
 /// Every transfer, in id order.

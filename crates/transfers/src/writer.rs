@@ -9,6 +9,8 @@
 //! answer, sent after the commit; a batch whose transaction fails while the database is up is
 //! retried one request per transaction, so a request that breaks the transaction fails alone.
 
+use std::sync::Arc;
+
 use sqlx::PgPool;
 use tokio::sync::oneshot;
 
@@ -72,7 +74,7 @@ async fn work(pool: PgPool, jobs: flume::Receiver<Job>) {
     while let Ok(first) = jobs.recv_async().await {
         let mut batch = vec![first];
         batch.extend(jobs.try_iter().take(MAX_BATCH - 1));
-        metrics::histogram!("transferencias_lote_gravacao").record(batch.len() as f64);
+        metrics::histogram!("transfers_write_batch_rows").record(batch.len() as f64);
         let transfers: Vec<&NewTransfer> = batch.iter().map(|job| &job.transfer).collect();
         let answers = write_batch(&pool, &transfers).await;
         for (job, answer) in batch.into_iter().zip(answers) {
@@ -93,15 +95,13 @@ pub async fn write_batch(pool: &PgPool, transfers: &[&NewTransfer]) -> Vec<Resul
         Ok(answers) => answers,
         Err(StoreError::OutcomeUnknown(cause)) => {
             tracing::error!(size = transfers.len(), error = %telemetry::error_chain(cause.as_ref()), "the connection broke during COMMIT: the outcome of a batch of transfers is unknown");
-            metrics::counter!("transferencias_resultado_desconhecido_total")
-                .increment(transfers.len() as u64);
+            metrics::counter!("transfers_outcome_unknown_total").increment(transfers.len() as u64);
             transfers.iter().map(|_| Err(StoreError::OutcomeUnknown(cause.clone()))).collect()
         }
-        Err(error) if error.is_unavailable() || transfers.len() == 1 => {
-            let cause = telemetry::error_chain(&error);
-            let mut answers = vec![Err(error)];
-            answers.extend((1..transfers.len()).map(|_| Err(StoreError::Unavailable(cause.clone()))));
-            answers
+        Err(error) if transfers.len() == 1 => vec![Err(error)],
+        Err(error) if error.is_unavailable() => {
+            let cause = Arc::new(error);
+            transfers.iter().map(|_| Err(StoreError::Unavailable(cause.clone()))).collect()
         }
         Err(error) => {
             tracing::warn!(size = transfers.len(), error = %telemetry::error_chain(&error), "a batch of transfers failed: writing them one by one");

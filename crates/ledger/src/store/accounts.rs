@@ -1,22 +1,23 @@
 //! Accounts and deposits: an opening balance or a deposit is a double entry from the
 //! currency's issuer account, idempotent on the deposit's id.
 
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgConnection, PgPool};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use contracts::Timestamp;
-use web::fields::issuer_account;
+use contracts::{AccountId, Cents, Currency, EntryKind, Timestamp};
 
 use super::{begin, connection, lock_accounts, Entries};
 use crate::error::StoreError;
 
 /// A customer account as the API shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct AccountRow {
     pub id: String,
+    #[sqlx(rename = "moeda")]
     pub currency: String,
-    pub balance_cents: i64,
+    #[sqlx(rename = "saldo_centavos", try_from = "i64")]
+    pub balance_cents: Cents,
 }
 
 /// Why an account was not created.
@@ -41,34 +42,37 @@ impl From<sqlx::Error> for CreateAccountError {
 pub async fn create_account(
     pool: &PgPool,
     id: &str,
-    currency: &str,
-    opening_cents: i64,
+    currency: &Currency,
+    opening_cents: Cents,
 ) -> Result<AccountRow, CreateAccountError> {
     let mut transaction = begin(pool).await?;
     let created = sqlx::query(
         "INSERT INTO conta (id, saldo_centavos, moeda) VALUES ($1, 0, $2) ON CONFLICT (id) DO NOTHING",
     )
     .bind(id)
-    .bind(currency)
+    .bind(currency.as_str())
     .execute(&mut *transaction)
     .await?;
     if created.rows_affected() == 0 {
         return Err(CreateAccountError::Exists(id.to_owned()));
     }
-    if opening_cents > 0 {
+    if opening_cents.is_positive() {
         let deposit_id = contracts::ids::opening_deposit_id(id);
         move_from_issuer(&mut transaction, deposit_id, id, currency, opening_cents).await?;
     }
     transaction.commit().await?;
-    Ok(AccountRow { id: id.to_owned(), currency: currency.to_owned(), balance_cents: opening_cents })
+    Ok(AccountRow { id: id.to_owned(), currency: currency.as_str().to_owned(), balance_cents: opening_cents })
 }
 
 /// A stored deposit.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct Deposit {
     pub id: Uuid,
+    #[sqlx(rename = "conta_id")]
     pub account: String,
-    pub amount_cents: i64,
+    #[sqlx(rename = "valor_centavos", try_from = "i64")]
+    pub amount_cents: Cents,
+    #[sqlx(rename = "criado_em", try_from = "OffsetDateTime")]
     pub created_at: Timestamp,
 }
 
@@ -103,7 +107,7 @@ pub async fn deposit(
     pool: &PgPool,
     deposit_id: Uuid,
     account: &str,
-    amount_cents: i64,
+    amount_cents: Cents,
 ) -> Result<DepositMade, DepositError> {
     let mut transaction = begin(pool).await?;
     let currency: Option<String> =
@@ -112,6 +116,8 @@ pub async fn deposit(
             .fetch_optional(&mut *transaction)
             .await?;
     let Some(currency) = currency else { return Err(DepositError::NoAccount(account.to_owned())) };
+    // what `conta.moeda` holds was checked when the account was created
+    let currency = Currency::parse(currency).map_err(StoreError::from)?;
     if let Some(original) = find_deposit(&mut transaction, deposit_id).await? {
         return if original.account == account && original.amount_cents == amount_cents {
             Ok(DepositMade::Replayed(original))
@@ -145,19 +151,10 @@ pub async fn deposit(
 }
 
 async fn find_deposit(connection: &mut PgConnection, id: Uuid) -> Result<Option<Deposit>, sqlx::Error> {
-    let row = sqlx::query("SELECT conta_id, valor_centavos, criado_em FROM deposito WHERE id = $1")
+    sqlx::query_as("SELECT id, conta_id, valor_centavos, criado_em FROM deposito WHERE id = $1")
         .bind(id)
         .fetch_optional(connection)
-        .await?;
-    row.map(|row| {
-        Ok(Deposit {
-            id,
-            account: row.try_get("conta_id")?,
-            amount_cents: row.try_get("valor_centavos")?,
-            created_at: row.try_get::<OffsetDateTime, _>("criado_em")?.into(),
-        })
-    })
-    .transpose()
+        .await
 }
 
 /// A deposit as a double entry from the currency's issuer account (created on demand), both
@@ -166,15 +163,15 @@ async fn move_from_issuer(
     connection: &mut PgConnection,
     deposit_id: Uuid,
     account: &str,
-    currency: &str,
-    amount_cents: i64,
+    currency: &Currency,
+    amount_cents: Cents,
 ) -> Result<Deposit, DepositError> {
-    let issuer = issuer_account(currency);
+    let issuer = AccountId::issuer(currency).into_string();
     sqlx::query(
         "INSERT INTO conta (id, saldo_centavos, moeda, emissor) VALUES ($1, 0, $2, true) ON CONFLICT (id) DO NOTHING",
     )
     .bind(&issuer)
-    .bind(currency)
+    .bind(currency.as_str())
     .execute(&mut *connection)
     .await?;
     let ids = {
@@ -183,7 +180,7 @@ async fn move_from_issuer(
         ids
     };
     let accounts = lock_accounts(connection, &ids).await?;
-    let balance = |id: &str| accounts.get(id).map_or(0, |account| account.balance_cents);
+    let balance = |id: &str| accounts.get(id).map_or(Cents::ZERO, |account| account.balance_cents);
     let debited =
         balance(&issuer).checked_sub(amount_cents).ok_or_else(|| DepositError::Overflow(issuer.clone()))?;
     let credited = balance(account)
@@ -193,7 +190,7 @@ async fn move_from_issuer(
     sqlx::query("INSERT INTO deposito (id, conta_id, valor_centavos, criado_em) VALUES ($1, $2, $3, $4)")
         .bind(deposit_id)
         .bind(account)
-        .bind(amount_cents)
+        .bind(amount_cents.get())
         .bind(at.as_offset_date_time())
         .execute(&mut *connection)
         .await?;
@@ -202,12 +199,12 @@ async fn move_from_issuer(
          FROM UNNEST($1::text[], $2::int8[]) AS novo(id, saldo) WHERE conta.id = novo.id",
     )
     .bind([issuer.as_str(), account])
-    .bind([debited, credited])
+    .bind([debited.get(), credited.get()])
     .execute(&mut *connection)
     .await?;
     let mut entries = Entries::default();
-    entries.push(deposit_id, &issuer, "D", amount_cents);
-    entries.push(deposit_id, account, "C", amount_cents);
+    entries.push(deposit_id, &issuer, EntryKind::Debit, amount_cents);
+    entries.push(deposit_id, account, EntryKind::Credit, amount_cents);
     entries.insert(connection, at.as_offset_date_time()).await?;
     Ok(Deposit { id: deposit_id, account: account.to_owned(), amount_cents, created_at: at })
 }

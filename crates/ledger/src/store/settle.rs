@@ -3,12 +3,12 @@
 
 use std::collections::{HashMap, HashSet};
 
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 use uuid::Uuid;
 
 use contracts::events::OutcomeDetails;
 use contracts::ids::{derived_event_id, REJECTED_BY_LEDGER_PREFIX, SETTLED_PREFIX};
-use contracts::{EventType, Timestamp, TransferRejected, TransferSettled};
+use contracts::{Cents, EntryKind, EventType, Timestamp, TransferRejected, TransferSettled};
 
 use super::{begin, lock_accounts, Entries};
 use crate::error::StoreError;
@@ -56,7 +56,7 @@ pub async fn settle(
     account_ids.sort_unstable();
     account_ids.dedup();
     let mut accounts = lock_accounts(&mut transaction, &account_ids).await?;
-    let before: HashMap<String, i64> =
+    let before: HashMap<String, Cents> =
         accounts.iter().map(|(id, account)| (id.clone(), account.balance_cents)).collect();
 
     // after the locks: whoever decided a transfer touching these accounts has committed
@@ -84,8 +84,13 @@ pub async fn settle(
         }
         let outcome = decide(transfer, &mut accounts)?;
         if outcome == Outcome::Settled {
-            entries.push(transfer.transfer_id, &transfer.source, "D", transfer.amount_cents);
-            entries.push(transfer.transfer_id, &transfer.destination, "C", transfer.amount_cents);
+            entries.push(transfer.transfer_id, &transfer.source, EntryKind::Debit, transfer.amount_cents);
+            entries.push(
+                transfer.transfer_id,
+                &transfer.destination,
+                EntryKind::Credit,
+                transfer.amount_cents,
+            );
         }
         events.push(outcome_event(request, outcome, now, topics)?);
         settlement.decided.push((transfer.transfer_id, outcome));
@@ -98,7 +103,7 @@ pub async fn settle(
     let ids: Vec<Uuid> = settlement.decided.iter().map(|(id, _)| *id).collect();
     let results: Vec<&str> = settlement.decided.iter().map(|(_, outcome)| outcome.result()).collect();
     let reasons: Vec<Option<&str>> = settlement.decided.iter().map(|(_, outcome)| outcome.reason()).collect();
-    let claimed = sqlx::query(
+    let claimed: Vec<Uuid> = sqlx::query_scalar(
         "INSERT INTO transferencia_processada (transferencia_id, resultado, motivo, processada_em) \
          SELECT id, resultado, motivo, $4 FROM UNNEST($1::uuid[], $2::text[], $3::text[]) AS d(id, resultado, motivo) \
          ON CONFLICT (transferencia_id) DO NOTHING RETURNING transferencia_id",
@@ -112,8 +117,7 @@ pub async fn settle(
     if claimed.len() != ids.len() {
         // only a transfer whose accounts do not exist escapes the account locks; roll back and
         // let the retry see the other instance's decision
-        let claimed: HashSet<Uuid> =
-            claimed.iter().filter_map(|row| row.try_get::<Uuid, _>(0).ok()).collect();
+        let claimed: HashSet<Uuid> = claimed.into_iter().collect();
         let lost = ids
             .iter()
             .find(|id| !claimed.contains(id))
@@ -122,13 +126,14 @@ pub async fn settle(
         return Err(StoreError::DecidedConcurrently(lost));
     }
 
-    let changed: Vec<(&String, i64)> = accounts
+    let changed: Vec<(&String, Cents)> = accounts
         .iter()
         .filter(|(id, account)| before.get(*id) != Some(&account.balance_cents))
         .map(|(id, account)| (id, account.balance_cents))
         .collect();
     if !changed.is_empty() {
-        let (ids, balances): (Vec<&str>, Vec<i64>) = changed.iter().map(|(id, b)| (id.as_str(), *b)).unzip();
+        let (ids, balances): (Vec<&str>, Vec<i64>) =
+            changed.iter().map(|(id, balance)| (id.as_str(), balance.get())).unzip();
         sqlx::query(
             "UPDATE conta SET saldo_centavos = novo.saldo \
              FROM UNNEST($1::text[], $2::int8[]) AS novo(id, saldo) WHERE conta.id = novo.id",
@@ -144,7 +149,9 @@ pub async fn settle(
     assert!(entries.balanced(), "settlement entries do not balance: {entries:?}");
     let moved: i128 = changed
         .iter()
-        .map(|(id, balance)| i128::from(*balance) - i128::from(before.get(*id).copied().unwrap_or_default()))
+        .map(|(id, balance)| {
+            i128::from(balance.get()) - i128::from(before.get(*id).copied().unwrap_or_default().get())
+        })
         .sum();
     assert_eq!(moved, 0, "settlement moved balances by a non-zero sum: {changed:?}");
     entries.insert(&mut transaction, at).await?;

@@ -69,6 +69,17 @@ pub fn with_outbox(service: &Migrator) -> Migrator {
     merged(service.iter().map(assemble).collect())
 }
 
+/// Every migration of `migrator` as (version, SHA-384 checksum in hex), in order: what a
+/// deployed database's `_sqlx_migrations` records, for the services' tests that pin them.
+pub fn checksums(migrator: &Migrator) -> Vec<(i64, String)> {
+    migrator
+        .iter()
+        .map(|migration| {
+            (migration.version, migration.checksum.iter().map(|byte| format!("{byte:02x}")).collect())
+        })
+        .collect()
+}
+
 fn part(name: &str) -> &'static str {
     PARTS
         .iter()

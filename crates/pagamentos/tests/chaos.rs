@@ -804,8 +804,12 @@ impl Cluster {
             (String::new(), String::new(), String::new());
         let (mut fenced, mut new_leader, mut settled_at_fence) = (None, None, None);
         let mut progress_at = Duration::ZERO;
+        // how long settlements stopped: the longest stretch of the cut in which the settled
+        // count did not grow (sampled every 500 ms), and when they first grew after the cut
+        let mut stall = Stall::new(settled_before);
         while cut_at.elapsed() < hold {
             let t = cut_at.elapsed().as_secs_f64();
+            stall.sample(settled(system).await, cut_at.elapsed());
             if cut_at.elapsed() >= progress_at {
                 eprintln!("[partition +{t:>5.1}s] {}", pipeline(system).await);
                 progress_at += Duration::from_secs(5);
@@ -850,6 +854,7 @@ impl Cluster {
             );
         }
         let settled_at_heal = settled(system).await;
+        stall.sample(settled_at_heal, cut_at.elapsed());
         drop(partition);
         let healed = Instant::now();
         let count = |count: Option<i64>| count.map_or("?".to_owned(), |count| count.to_string());
@@ -863,6 +868,7 @@ impl Cluster {
             count(settled_at_fence),
             count(settled_at_heal),
         );
+        eprintln!("[partition] {}", stall.summary(cut_at.elapsed()));
         let after = watch.view(Some(id), PARTITION_RECOVERY).await;
         eprintln!(
             "[partition {}] node {node} back in every ISR {:.1}s after the heal: {}",
@@ -870,6 +876,57 @@ impl Cluster {
             healed.elapsed().as_secs_f64(),
             after.summary(id)
         );
+    }
+}
+
+/// When settlements stopped and resumed during a cut, from samples of the settled count.
+struct Stall {
+    last: Option<i64>,
+    /// When the count last grew (from the cut; zero until it grows).
+    grew_at: Duration,
+    /// The first growth after the cut.
+    first: Option<Duration>,
+    /// The longest stretch without growth: (from, to).
+    longest: (Duration, Duration),
+}
+
+impl Stall {
+    fn new(settled_before: Option<i64>) -> Self {
+        Self {
+            last: settled_before,
+            grew_at: Duration::ZERO,
+            first: None,
+            longest: (Duration::ZERO, Duration::ZERO),
+        }
+    }
+
+    fn sample(&mut self, settled: Option<i64>, at: Duration) {
+        let Some(now) = settled else { return };
+        if self.last.is_some_and(|last| now > last) {
+            self.first.get_or_insert(at);
+            if at - self.grew_at > self.longest.1 - self.longest.0 {
+                self.longest = (self.grew_at, at);
+            }
+            self.grew_at = at;
+        }
+        self.last = Some(now);
+    }
+
+    /// At the heal (`end` into the cut): a stretch still open then counts up to the heal.
+    fn summary(&self, end: Duration) -> String {
+        let (from, to) = if end - self.grew_at > self.longest.1 - self.longest.0 {
+            (self.grew_at, end)
+        } else {
+            self.longest
+        };
+        format!(
+            "settlements: longest stop {:.1}s (+{:.1}s to +{:.1}s{}), first settlement after the cut at {}",
+            (to - from).as_secs_f64(),
+            from.as_secs_f64(),
+            to.as_secs_f64(),
+            if to == end { ", the heal" } else { "" },
+            self.first.map_or("none before the heal".to_owned(), |at| format!("+{:.1}s", at.as_secs_f64())),
+        )
     }
 }
 
@@ -1064,7 +1121,7 @@ impl Drop for Partition<'_> {
 /// Watches a cluster's metadata: who leads which partition, who is in its ISR, and which node
 /// answered (a node cut off from the others still answers clients, from what it last knew).
 struct Watch {
-    client: Arc<kafka::rdkafka::consumer::BaseConsumer<kafka::context::Context>>,
+    config: kafka::rdkafka::ClientConfig,
 }
 
 /// One metadata answer: every topic's partitions (the internal ones included).
@@ -1109,14 +1166,19 @@ impl Watch {
         let args = kafka::KafkaArgs::new(bootstrap);
         let mut config = kafka::config::base_consumer_settings(&args, "chaos-watch");
         config.set("group.id", testkit::unique("watch"));
-        Self { client: Arc::new(kafka::context::create(&config).expect("metadata client")) }
+        Self { config }
     }
 
-    /// One metadata answer, from whichever node librdkafka asks; `None` when none came in 2 s.
+    /// One metadata answer, from a node drawn at random; `None` when none came in 2 s. A fresh
+    /// client each time: a client that lives on asks the node it used last (librdkafka prefers
+    /// the least idle connection), so a watch that once asked the cut-off node kept asking it
+    /// and, when that node still answered clients, saw its stale view for the whole cut.
     async fn sample(&self) -> Option<View> {
         use kafka::rdkafka::consumer::Consumer;
-        let client = self.client.clone();
+        let config = self.config.clone();
         tokio::task::spawn_blocking(move || {
+            let client: kafka::rdkafka::consumer::BaseConsumer<kafka::context::Context> =
+                kafka::context::create(&config).expect("metadata client");
             let metadata = client.fetch_metadata(None, Duration::from_secs(2)).ok()?;
             let mut brokers: Vec<i32> = metadata.brokers().iter().map(|broker| broker.id()).collect();
             brokers.sort();

@@ -354,7 +354,7 @@ pub const STATISTICS_INTERVAL: Duration = Duration::from_millis(10_000);
 /// coordinator request stuck on it waited up to a minute before its client looked for the new
 /// leader, and the pipeline stood still the whole cut (docs/operations.md, "One broker of three
 /// cut off the network"). With 5 s the first time-out after the fencing moves the client:
-/// settlements resumed 10-13 s into the cut (the fencing plus at most one time-out). The cost:
+/// settlements resumed 10-16 s into the cut (the fencing plus at most one time-out). The cost:
 /// a request a healthy broker legitimately holds longer (an `acks=all` write waiting for a
 /// follower that is about to leave the ISR) is abandoned and sent again on a new connection,
 /// which the idempotent producer does with the same sequence numbers (the broker acknowledges

@@ -158,8 +158,8 @@ async fn run(profile: Profile, backlog: usize, steady_seconds: u64) -> serde_jso
     let rendered = telemetry::metrics::install().render();
     let transaction_buckets: Vec<String> = rendered
         .lines()
-        .filter(|line| line.starts_with("antifraude_transaction_seconds_bucket"))
-        .map(|line| line.trim_start_matches("antifraude_transaction_seconds_bucket").to_owned())
+        .filter(|line| line.starts_with("antifraud_transaction_seconds_bucket"))
+        .map(|line| line.trim_start_matches("antifraud_transaction_seconds_bucket").to_owned())
         .collect();
     eprintln!("{profile:?} transaction_seconds buckets (cumulative): {}", transaction_buckets.join(" "));
     json!({

@@ -280,8 +280,8 @@ impl Analyser {
 fn decode(input: &OwnedMessage) -> Result<TransferRequested, MalformedEvent> {
     let event: TransferRequested =
         serde_json::from_slice(input.payload().unwrap_or_default()).map_err(MalformedEvent::Json)?;
-    if event.amount_cents <= 0 {
-        return Err(MalformedEvent::Amount(event.amount_cents));
+    if !event.amount_cents.is_positive() {
+        return Err(MalformedEvent::Amount(event.amount_cents.get()));
     }
     Ok(event)
 }
@@ -314,17 +314,17 @@ impl Handler for Analyser {
         self.retrying = true;
         let committed = self.transact(&owned).await?;
         self.retrying = false;
-        metrics::histogram!("antifraude_transaction_seconds").record(started.elapsed().as_secs_f64());
+        metrics::histogram!("antifraud_transaction_seconds").record(started.elapsed().as_secs_f64());
         for topic in committed {
-            let resultado = if topic == self.topics.analysed {
-                "analisada"
+            let outcome = if topic == self.topics.analysed {
+                "analysed"
             } else if topic == self.topics.rejected {
-                "bloqueada"
+                "blocked"
             } else {
                 metrics::counter!("dlt_mensagens_total", "topic" => topic).increment(1);
                 "dlt"
             };
-            metrics::counter!("antifraude_registros_total", "resultado" => resultado).increment(1);
+            metrics::counter!("antifraud_records_total", "outcome" => outcome).increment(1);
         }
         // records of revoked partitions included: in a transaction nothing is stored for them
         Ok(Verdict::all_done(batch))

@@ -105,7 +105,7 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
     let shutdown = supervisor.shutdown_token();
     let Settings { args, auth, kafka, topics: topic_args, profile, metrics } = settings;
     let detail = auth.resolve("antifraude")?;
-    kafka::topics::ensure_at_start(&kafka, &topic_args).await?;
+    kafka_admin::topics::ensure_at_start(&kafka, &topic_args).await?;
     let instance = args.instance_id.clone().unwrap_or_else(host_name);
     let transactional_id = format!("{}{instance}", args.transactional_id_prefix);
     let group = kafka.group(topics::groups::ANTIFRAUD);
@@ -147,7 +147,7 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
     supervisor.spawn("antifraude/lag-gauges", kafka::lag::report(consumer.clone(), group, shutdown.clone()));
     supervisor.spawn(
         "antifraude/dlt-gauges",
-        kafka::dlt::report_retained(
+        kafka_admin::dlt::report_retained(
             kafka.clone(),
             vec![topics::dead_letter_topic(&input)],
             kafka::lag::REFRESH_INTERVAL,

@@ -32,7 +32,7 @@ impl Default for Scorer {
 
 impl Scorer {
     pub fn score(&self, transfer: &TransferRequested) -> u8 {
-        let amount = transfer.amount_cents;
+        let amount = transfer.amount_cents.get();
         let band: u8 = if amount >= self.block_threshold_cents {
             90
         } else if amount < 10_000 {
@@ -65,7 +65,7 @@ mod tests {
             transfer_id: Uuid::nil(),
             source_account: "CC-001".into(),
             destination_account: "CC-002".into(),
-            amount_cents,
+            amount_cents: contracts::Cents::new(amount_cents),
             currency: "BRL".into(),
             created_at: contracts::Timestamp::parse("2026-12-03T10:00:00Z").expect("timestamp"),
         }

@@ -1,14 +1,12 @@
-//! CPU and memory (PSS) of the processes under test, read from `/proc`: `pagamentos all`, the Kafka
-//! broker (the JVM running `kafka.Kafka`), PostgreSQL (every `postgres` process, plus what
-//! the postmaster collected from backends that exited) and `pagamentos loadgen`.
+//! CPU and memory (PSS) of the processes under test, read from `/proc` through `procfs`:
+//! `pagamentos all`, the Kafka broker (the JVM running `kafka.Kafka`), PostgreSQL (every
+//! `postgres` process, plus what the postmaster collected from backends that exited) and
+//! `pagamentos loadgen`.
 
 use std::collections::BTreeMap;
-use std::fs;
 
+use procfs::process::{all_processes, Process};
 use serde::Serialize;
-
-/// Clock ticks per second of `/proc/<pid>/stat` (`sysconf(_SC_CLK_TCK)`, 100 on Linux).
-const TICKS_PER_SECOND: f64 = 100.0;
 
 /// Which processes make up each part.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -28,41 +26,33 @@ pub struct Parts {
     pub loadgen: Option<u32>,
 }
 
-fn read(path: String) -> Option<String> {
-    fs::read_to_string(path).ok()
+fn process(pid: u32) -> Option<Process> {
+    Process::new(i32::try_from(pid).ok()?).ok()
 }
 
-/// utime + stime (+ cutime + cstime when `children`) of one process, in ticks.
+/// utime + stime (+ cutime + cstime when `children`) of one process, in clock ticks.
 fn ticks(pid: u32, children: bool) -> u64 {
-    let Some(stat) = read(format!("/proc/{pid}/stat")) else { return 0 };
-    // fields after the command (which may hold spaces) start after the last ')'
-    let Some((_, rest)) = stat.rsplit_once(')') else { return 0 };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // rest[0] is field 3 (state): utime is field 14, stime 15, cutime 16, cstime 17
-    let field = |n: usize| fields.get(n - 3).and_then(|value| value.parse::<u64>().ok()).unwrap_or(0);
-    field(14) + field(15) + if children { field(16) + field(17) } else { 0 }
+    let Some(stat) = process(pid).and_then(|process| process.stat().ok()) else { return 0 };
+    let waited_for = if children { (stat.cutime.max(0) + stat.cstime.max(0)) as u64 } else { 0 };
+    stat.utime + stat.stime + waited_for
 }
 
 /// Memory of one process in KiB: its proportional set size (shared pages divided among the
 /// processes sharing them, so PostgreSQL's shared buffers count once across its backends), or
 /// its resident set where PSS is not available.
 fn memory_kib(pid: u32) -> u64 {
-    let field = |path: String, name: &str| {
-        read(path).and_then(|text| {
-            text.lines().find_map(|line| {
-                line.strip_prefix(name).and_then(|rest| rest.split_whitespace().next()?.parse().ok())
-            })
-        })
-    };
-    field(format!("/proc/{pid}/smaps_rollup"), "Pss:")
-        .or_else(|| field(format!("/proc/{pid}/status"), "VmRSS:"))
-        .unwrap_or(0)
+    let Some(process) = process(pid) else { return 0 };
+    let pss_bytes = process
+        .smaps_rollup()
+        .ok()
+        .and_then(|rollup| rollup.memory_map_rollup.0.first()?.extension.map.get("Pss").copied());
+    pss_bytes.map(|bytes| bytes / 1024).or_else(|| process.status().ok()?.vmrss).unwrap_or(0)
 }
 
-fn all_pids() -> Vec<u32> {
-    fs::read_dir("/proc")
-        .map(|entries| entries.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok()).collect())
-        .unwrap_or_default()
+/// The command name of a process (`/proc/<pid>/stat`'s, as `comm`), and its parent's pid.
+fn comm_and_parent(process: &Process) -> Option<(String, i32)> {
+    let stat = process.stat().ok()?;
+    Some((stat.comm, stat.ppid))
 }
 
 impl Parts {
@@ -72,17 +62,18 @@ impl Parts {
         if let Some(pid) = self.loadgen {
             members.entry(Part::Loadgen).or_default().push((pid, false));
         }
-        for pid in all_pids() {
-            let comm = read(format!("/proc/{pid}/comm")).unwrap_or_default();
-            if comm.trim() == "postgres" {
+        for process in all_processes().into_iter().flatten().flatten() {
+            let Some((comm, parent)) = comm_and_parent(&process) else { continue };
+            let Ok(pid) = u32::try_from(process.pid()) else { continue };
+            if comm == "postgres" {
                 // the postmaster (its parent is not postgres) also counts its exited children
-                let parent = read(format!("/proc/{pid}/stat"))
-                    .and_then(|stat| stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse::<u32>().ok())
-                    .unwrap_or(0);
-                let parent_comm = read(format!("/proc/{parent}/comm")).unwrap_or_default();
-                members.entry(Part::Postgres).or_default().push((pid, parent_comm.trim() != "postgres"));
-            } else if comm.trim() == "java"
-                && read(format!("/proc/{pid}/cmdline")).is_some_and(|cmdline| cmdline.contains("kafka.Kafka"))
+                let parent_comm = Process::new(parent).ok().as_ref().and_then(comm_and_parent);
+                let postmaster = parent_comm.is_none_or(|(comm, _)| comm != "postgres");
+                members.entry(Part::Postgres).or_default().push((pid, postmaster));
+            } else if comm == "java"
+                && process
+                    .cmdline()
+                    .is_ok_and(|arguments| arguments.iter().any(|arg| arg.contains("kafka.Kafka")))
             {
                 members.entry(Part::Kafka).or_default().push((pid, false));
             }
@@ -116,7 +107,9 @@ pub fn cpu_percent(
     after
         .iter()
         .map(|(part, &ticks)| {
-            let used = ticks.saturating_sub(before.get(part).copied().unwrap_or(0)) as f64 / TICKS_PER_SECOND;
+            // clock ticks of `/proc/<pid>/stat`: `sysconf(_SC_CLK_TCK)` of them a second
+            let used = ticks.saturating_sub(before.get(part).copied().unwrap_or(0)) as f64
+                / procfs::ticks_per_second() as f64;
             (*part, (used / seconds.max(0.001) * 1_000.0).round() / 10.0)
         })
         .collect()

@@ -10,7 +10,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::Timestamp;
+use crate::{Cents, Timestamp};
 
 /// `TransferenciaSolicitada`: a transfer was accepted by the API (published by the outbox).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -25,7 +25,7 @@ pub struct TransferRequested {
     #[serde(rename = "contaDestino")]
     pub destination_account: String,
     #[serde(rename = "valorEmCentavos")]
-    pub amount_cents: i64,
+    pub amount_cents: Cents,
     #[serde(rename = "moeda")]
     pub currency: String,
     /// Equals `transferencia.criada_em` of the row the event was written with.
@@ -45,7 +45,7 @@ pub struct TransferAnalysed {
     #[serde(rename = "contaDestino")]
     pub destination_account: String,
     #[serde(rename = "valorEmCentavos")]
-    pub amount_cents: i64,
+    pub amount_cents: Cents,
     #[serde(rename = "moeda")]
     pub currency: String,
     /// Risk score, 0–100.
@@ -91,7 +91,7 @@ pub struct OutcomeDetails {
     #[serde(rename = "contaDestino", default, skip_serializing_if = "Option::is_none")]
     pub destination_account: Option<String>,
     #[serde(rename = "valorEmCentavos", default, skip_serializing_if = "Option::is_none")]
-    pub amount_cents: Option<i64>,
+    pub amount_cents: Option<Cents>,
     #[serde(rename = "moeda", default, skip_serializing_if = "Option::is_none")]
     pub currency: Option<String>,
 }
@@ -244,7 +244,7 @@ mod tests {
             transfer_id: id(2),
             source_account: "CC-001".into(),
             destination_account: "CC-002".into(),
-            amount_cents: 30_000,
+            amount_cents: Cents::new(30_000),
             currency: "BRL".into(),
             created_at: at(),
         };
@@ -272,7 +272,7 @@ mod tests {
             transfer_id: id(2),
             source_account: "CC-001".into(),
             destination_account: "CC-002".into(),
-            amount_cents: 30_000,
+            amount_cents: Cents::new(30_000),
             currency: "BRL".into(),
             score: 10,
             analysed_at: at(),
@@ -316,7 +316,7 @@ mod tests {
             details: OutcomeDetails {
                 source_account: Some("CC-001".into()),
                 destination_account: Some("CC-002".into()),
-                amount_cents: Some(500),
+                amount_cents: Some(Cents::new(500)),
                 currency: Some("BRL".into()),
             },
         };

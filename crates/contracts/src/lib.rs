@@ -5,6 +5,9 @@
 //! names exactly while the Rust names stay English.
 //!
 //! # Layout
+//! - [`domain`]: the domain's values: [`Cents`] (checked arithmetic only), [`AccountId`],
+//!   [`Currency`], [`EntryKind`], [`TransferStatus`], [`Outcome`], and the field rules both APIs
+//!   apply.
 //! - [`events`]: the four event payloads (camelCase JSON, unknown fields ignored).
 //! - [`time`]: [`Timestamp`], RFC 3339 UTC with at most microsecond precision.
 //! - [`ids`]: Java's `UUID.nameUUIDFromBytes` and the derived event ids built on it.
@@ -16,12 +19,14 @@
 //! This crate knows nothing of Kafka clients, databases or HTTP: it depends on serde and a few
 //! value crates only, so every other crate can use it.
 
+pub mod domain;
 pub mod events;
 pub mod headers;
 pub mod ids;
 pub mod time;
 pub mod topics;
 
+pub use domain::{AccountId, Cents, Currency, EntryKind, Outcome, TransferStatus};
 pub use events::{
     EventType, MalformedEvent, OutcomeEvent, RejectionReason, TransferAnalysed, TransferRejected,
     TransferRequested, TransferSettled,

@@ -63,7 +63,7 @@ fn details(full: bool) -> OutcomeDetails {
     OutcomeDetails {
         source_account: Some("CC-1".into()),
         destination_account: Some("CC-2".into()),
-        amount_cents: Some(1),
+        amount_cents: Some(contracts::Cents::new(1)),
         currency: Some("BRL".into()),
     }
 }
@@ -77,7 +77,7 @@ fn every_event_field_is_described_and_required_as_the_article_sends_it() {
         transfer_id: id,
         source_account: "CC-1".into(),
         destination_account: "CC-2".into(),
-        amount_cents: 1,
+        amount_cents: contracts::Cents::new(1),
         currency: "BRL".into(),
         created_at: at(),
     };
@@ -86,7 +86,7 @@ fn every_event_field_is_described_and_required_as_the_article_sends_it() {
         transfer_id: id,
         source_account: "CC-1".into(),
         destination_account: "CC-2".into(),
-        amount_cents: 1,
+        amount_cents: contracts::Cents::new(1),
         currency: "BRL".into(),
         score: 10,
         analysed_at: at(),

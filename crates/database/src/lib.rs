@@ -10,6 +10,11 @@
 //! - [`connect`]: the pool on the read-write server of the list; with more than one host a
 //!   watcher probes it once a second and, when it stops taking writes, points the pool at the
 //!   first server that does (`database_failovers_total{database}`).
+//! - [`failure`]: a failed operation's kind by SQLSTATE: the record's fault, a passing
+//!   condition, or the database unable to serve now.
+//! - [`health`]: PostgreSQL readiness for `/readyz`.
+//! - [`schema`]: the start-up rule of a service's own database: migrate as the schema's owner,
+//!   else check that every migration is applied (a runtime role may not change the schema).
 //!
 //! # Why not sqlx's own
 //! sqlx 0.8 takes one host per URL (a comma-separated list does not parse; it warns about and
@@ -19,7 +24,12 @@
 //! statement timeouts, a bounded `acquire`, and the host list here.
 //!
 //! # Architecture invariant
-//! Knows nothing of the services' tables: only how to reach a server that takes writes.
+//! Knows nothing of the services' tables: how to reach a server that takes writes, what its
+//! errors mean, whether it answers, and whether a migrator's migrations are applied.
+
+pub mod failure;
+pub mod health;
+pub mod schema;
 
 use std::time::Duration;
 

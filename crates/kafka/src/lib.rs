@@ -14,15 +14,17 @@
 //!   stored only after the work (and any forward or dead letter) is durable, blocking retries
 //!   with backoff, records held until due with only their partition paused, graceful shutdown.
 //! - [`dead_letter`]: dead letters with Spring Kafka's `kafka_dlt-*` headers.
-//! - [`dlt`]: list and replay dead letters, count those not yet replayed.
 //! - [`retry_topic`]: non-blocking retries through retry topics (Spring's `retry_topic-*` and
 //!   `kafka_original-*` headers), waiting by pausing only the partition of a record not due.
 //! - [`trace`]: W3C trace context to and from record headers.
-//! - [`topics`]: create or verify every topic of the plan.
+//! - [`metadata`]: the partitions of a topic, for clients that assign themselves.
 //! - [`health`]: Kafka readiness for `/readyz`.
 //! - [`lag`]: `kafka_consumer_lag` per group and partition.
 //! - [`alerting`]: the counters alerts read (`retries_total`, `dlt_mensagens_total`), at 0
 //!   from the start.
+//!
+//! Operators' tooling (creating the topics, listing and replaying dead letters) is
+//! `kafka-admin`'s, built on this crate.
 //!
 //! # Architecture invariant
 //! Knows no service and no database. Handlers decide what a record means; this crate only
@@ -33,14 +35,13 @@ pub mod config;
 pub mod consumer;
 pub mod context;
 pub mod dead_letter;
-pub mod dlt;
 pub mod error;
 pub mod health;
 pub mod lag;
+pub mod metadata;
 pub mod producer;
 mod rebootstrap;
 pub mod retry_topic;
-pub mod topics;
 pub mod trace;
 pub mod transactional;
 

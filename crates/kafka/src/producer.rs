@@ -85,7 +85,7 @@ pub struct Delivered {
 /// a broker again, so `/readyz` would say "BrokerTransportFailure" until the process restarts.
 /// The send that sees such an error fails as usual (its caller retries it: an outbox row stays
 /// pending, a consumer batch is retried) and the producer is replaced by a new one with the
-/// same configuration, a new producer id. Counted in `kafka_produtor_recriado_total{cliente}`.
+/// same configuration, a new producer id. Counted in `kafka_producer_recreated_total{client}`.
 #[derive(Clone)]
 pub struct Producer {
     shared: Arc<Shared>,
@@ -141,7 +141,7 @@ impl Producer {
                 let old = std::mem::replace(&mut *current, fresh);
                 drop(current);
                 tracing::warn!(client = %self.shared.client_id, ?code, reason, "producer hit a fatal error: replaced by a new one");
-                metrics::counter!("kafka_produtor_recriado_total", "cliente" => self.shared.client_id.clone()).increment(1);
+                metrics::counter!("kafka_producer_recreated_total", "client" => self.shared.client_id.clone()).increment(1);
                 // destroying a producer purges, flushes (up to 500 ms) and joins its thread
                 match tokio::runtime::Handle::try_current() {
                     Ok(runtime) => drop(runtime.spawn_blocking(move || drop(old))),

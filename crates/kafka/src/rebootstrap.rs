@@ -13,7 +13,7 @@
 //! When none is `configured` or `learned`, [`Rebootstrap::check`] adds the bootstrap servers
 //! again (`rd_kafka_brokers_add`, what librdkafka's own re-bootstrap does): the client connects,
 //! asks for metadata, learns the cluster's brokers and carries on where it stopped. Counted in
-//! `kafka_cliente_rebootstrap_total{cliente}`.
+//! `kafka_client_rebootstrap_total{client}`.
 
 use std::ffi::CString;
 use std::sync::OnceLock;
@@ -116,8 +116,7 @@ impl Rebootstrap {
             added,
             "kafka client had no broker left (a Metadata answer named none): bootstrap servers added again"
         );
-        metrics::counter!("kafka_cliente_rebootstrap_total", "cliente" => bound.client_id.clone())
-            .increment(1);
+        metrics::counter!("kafka_client_rebootstrap_total", "client" => bound.client_id.clone()).increment(1);
     }
 }
 

@@ -34,6 +34,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use futures::StreamExt;
 use rdkafka::message::{Headers, Message, OwnedMessage};
 use tokio_util::sync::CancellationToken;
 
@@ -309,14 +310,15 @@ impl<A: Attempt> Handler for StageHandler<A> {
                 _ => due_now.push(index),
             }
         }
-        let limit = tokio::sync::Semaphore::new(self.concurrency);
         let attempt = &*self.attempt;
-        let outcomes = futures::future::join_all(
-            due_now.iter().map(|&index| attempt_limited(attempt, &limit, &batch[index])),
-        )
-        .await;
+        // at most `concurrency` attempts at once, each slot refilled as soon as any one ends
+        let outcomes: Vec<(usize, Verdict)> = futures::stream::iter(due_now)
+            .map(|index| async move { (index, attempt.attempt(&batch[index]).await) })
+            .buffer_unordered(self.concurrency)
+            .collect()
+            .await;
         let failed_at = now_ms();
-        for (index, outcome) in due_now.into_iter().zip(outcomes) {
+        for (index, outcome) in outcomes {
             let record = &batch[index];
             let base = self.stage.base_of(record.topic());
             let (failure, destination) = match outcome {
@@ -340,17 +342,6 @@ impl<A: Attempt> Handler for StageHandler<A> {
         }
         Ok(verdicts.into_iter().map(|verdict| verdict.expect("a verdict for every record")).collect())
     }
-}
-
-/// One attempt, once `limit` has room for it.
-async fn attempt_limited<A: Attempt>(
-    attempt: &A,
-    limit: &tokio::sync::Semaphore,
-    record: &OwnedMessage,
-) -> Verdict {
-    // the semaphore lives as long as the batch and is never closed
-    let _permit = limit.acquire().await.ok();
-    attempt.attempt(record).await
 }
 
 #[cfg(test)]
@@ -575,28 +566,6 @@ mod tests {
     }
 
     #[test]
-    fn a_dead_letter_redriven_to_a_retry_topic_is_due_at_once() {
-        let now = now_ms();
-        let mut current = record("t", 0, 1, None);
-        for failed in 1..=4 {
-            let out =
-                forwarded(&current, "g", &failure("503"), failed, &chain().after_failure("t", failed), now);
-            current = received(&out, i64::from(failed), now);
-        }
-        assert_eq!(current.topic(), "t-dlt");
-        // `pagamentos dlt replay --to t-retry-1000` copies every header, in order
-        let replayed = crate::dlt::replay_record("t-dlt", &current, "t-retry-1000");
-        let on_retry = received(&replayed, 0, now + 10);
-        let due = due_at_ms(&on_retry).expect("a backoff timestamp");
-        assert!(due <= now, "due {} ms after it was dead-lettered", due - now);
-        // the first value (1 s after the first failure) would hold it back
-        assert_eq!(
-            decode_big_integer(replayed.header_values("retry_topic-backoff-timestamp")[0]),
-            Ok(now + 1000)
-        );
-    }
-
-    #[test]
     fn due_time_comes_from_the_backoff_header() {
         let headers = OwnedHeaders::new().insert(Header {
             key: "retry_topic-backoff-timestamp",
@@ -618,5 +587,55 @@ mod tests {
                 value: Some(&encode_big_integer(1_900_000_003_000)),
             });
         assert_eq!(due_at_ms(&record("t-retry-2000", 0, 0, Some(two))), Some(1_900_000_003_000));
+    }
+
+    /// Counts the attempts running at once; offset 0 takes 100 ms, the others 10 ms; odd
+    /// offsets fail.
+    #[derive(Default)]
+    struct Timed {
+        running: std::sync::atomic::AtomicUsize,
+        most: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Attempt for Timed {
+        fn attempt(&self, record: &OwnedMessage) -> impl Future<Output = Verdict> + Send {
+            use std::sync::atomic::Ordering::SeqCst;
+            let offset = record.offset();
+            async move {
+                let now = self.running.fetch_add(1, SeqCst) + 1;
+                self.most.fetch_max(now, SeqCst);
+                tokio::time::sleep(Duration::from_millis(if offset == 0 { 100 } else { 10 })).await;
+                self.running.fetch_sub(1, SeqCst);
+                if offset % 2 == 1 {
+                    Verdict::Retry(failure("503"))
+                } else {
+                    Verdict::Done
+                }
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn attempts_run_at_most_concurrency_at_once_and_a_slow_one_holds_only_its_slot() {
+        let attempt = Arc::new(Timed::default());
+        let stage = chain().stages(&["t".into()], "g").remove(0);
+        let mut handler = StageHandler { attempt: attempt.clone(), chain: chain(), stage, concurrency: 2 };
+        let batch: Vec<OwnedMessage> = (0..5).map(|offset| record("t", 0, offset, None)).collect();
+        let started = tokio::time::Instant::now();
+        let verdicts = handler.handle(&batch, false).await.expect("infallible");
+        // offset 0 holds one slot for 100 ms; the other slot runs offsets 1–4 one after the other
+        assert_eq!(started.elapsed(), Duration::from_millis(100));
+        assert_eq!(attempt.most.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert_eq!(verdicts.len(), 5);
+        for (offset, verdict) in verdicts.iter().enumerate() {
+            match verdict {
+                ConsumerVerdict::Done => assert_eq!(offset % 2, 0, "offset {offset}"),
+                ConsumerVerdict::Forward(forward) => {
+                    assert_eq!(offset % 2, 1, "offset {offset}");
+                    assert_eq!(forward.record.topic, "t-retry-1000");
+                }
+                other => panic!("offset {offset}: {other:?}"),
+            }
+        }
     }
 }

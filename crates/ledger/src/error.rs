@@ -10,7 +10,7 @@ pub enum Error {
     #[error("ledger database migration failed")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("the ledger database is not ready (`pagamentos migrate` with LEDGER_MIGRATION_DATABASE_URL migrates it)")]
-    Schema(#[from] outbox::schema::SchemaError),
+    Schema(#[from] database::schema::SchemaError),
     #[error(transparent)]
     Kafka(#[from] kafka::Error),
     #[error("cannot listen on {address}")]
@@ -39,9 +39,15 @@ pub enum StoreError {
     DecidedConcurrently(uuid::Uuid),
     #[error(transparent)]
     Overflow(#[from] crate::settlement::Overflow),
+    /// `transferencia_processada` holds a (`resultado`, `motivo`) this binary does not know.
+    #[error("the ledger database holds an unknown outcome")]
+    InvalidOutcome(#[from] contracts::domain::InvalidOutcome),
+    /// `conta.moeda` holds what is not an active currency code.
+    #[error("the ledger database holds an unknown currency")]
+    InvalidCurrency(#[from] contracts::domain::InvalidCurrency),
 }
 
-pub use outbox::error::{classify, FailureKind};
+pub use database::failure::{classify, FailureKind};
 
 /// SQLSTATEs that say the database is not the schema this binary migrated: an undefined
 /// table (`42P01`), column (`42703`), function (`42883`) or schema (`3F000`). The service
@@ -68,7 +74,9 @@ impl StoreError {
             Self::Outbox(outbox::Error::Database(error)) => classify(error),
             Self::Outbox(outbox::Error::Kafka(_)) => FailureKind::Infrastructure,
             Self::DecidedConcurrently(_) => FailureKind::Transient,
-            Self::Encode(_) | Self::Overflow(_) => FailureKind::Permanent,
+            Self::Encode(_) | Self::Overflow(_) | Self::InvalidOutcome(_) | Self::InvalidCurrency(_) => {
+                FailureKind::Permanent
+            }
         }
     }
 }

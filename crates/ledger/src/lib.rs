@@ -12,7 +12,8 @@
 //!   blocking retries of transient failures, dead letters, infrastructure loss waited out.
 //! - [`api`]: the accounts API (`/contas…`) and its OpenAPI document.
 //! - [`verify`]: the ledger's invariants 1–3 as set-based SQL.
-//! - `migrations/`: the schema, embedded as [`MIGRATOR`].
+//! - `migrations/`: the schema, embedded as [`MIGRATOR`] with the outbox's table
+//!   (`outbox::migrations`).
 //! - [`start`]: wires the API, the settler, the outbox relay and the gauges.
 //!
 //! # Architecture invariant
@@ -43,8 +44,10 @@ use outbox::relay::{Relay, RelayOptions};
 
 pub use error::{Error, StoreError};
 
-/// The `ledger` database's migrations, applied by `pagamentos migrate` and on start.
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+/// The `ledger` database's migrations with the outbox's (`outbox::migrations`), applied by
+/// `pagamentos migrate` and on start.
+pub static MIGRATOR: std::sync::LazyLock<sqlx::migrate::Migrator> =
+    std::sync::LazyLock::new(|| outbox::migrations::with_outbox(&sqlx::migrate!("./migrations")));
 
 /// The stack's `ledger` database, reached as its runtime role `ledger_app` (a member of
 /// `ledger_runtime`, which the migrations allow to insert and read the books but not to rewrite
@@ -226,17 +229,17 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
     // before anything else: a service that would let anyone create money does not start
     let tokens = auth.resolve("ledger")?;
     let pool = database::connect(&args.database_url, &args.pool_settings()).await?;
-    // migrates as the schema's owner; a runtime role only checks (outbox::schema)
-    outbox::schema::migrate_or_check(&pool, &MIGRATOR).await?;
+    // migrates as the schema's owner; a runtime role only checks (database::schema)
+    database::schema::migrate_or_check(&pool, &MIGRATOR).await?;
 
-    kafka::topics::ensure_at_start(&kafka, &topic_args).await?;
+    kafka_admin::topics::ensure_at_start(&kafka, &topic_args).await?;
 
     let group = kafka.group(topics::groups::LEDGER);
     let input = kafka.topic(topics::ANALYSED);
     let producer = Producer::new(&producer_config(&kafka, "ledger", profile.linger()))?;
     let state = api::AppState { pool: pool.clone(), tokens: tokens.clone() };
     let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> = vec![
-        Arc::new(outbox::health::DatabaseReady::new(pool.clone())),
+        Arc::new(database::health::DatabaseReady::new(pool.clone())),
         Arc::new(kafka::health::KafkaReady::new(producer.clone(), input.clone())),
     ];
     let readiness = telemetry::health::Readiness::new(checks, tokens.readiness_detail())
@@ -273,7 +276,7 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
         .spawn("ledger/lag-gauges", kafka::lag::report(consumer.clone(), group.clone(), shutdown.clone()));
     supervisor.spawn(
         "ledger/dlt-gauges",
-        kafka::dlt::report_retained(
+        kafka_admin::dlt::report_retained(
             kafka.clone(),
             vec![topics::dead_letter_topic(&input)],
             kafka::lag::REFRESH_INTERVAL,
@@ -306,4 +309,29 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
     supervisor
         .spawn_fallible("ledger/settler", kafka::consumer::run(consumer, settler, loop_options, shutdown));
     Ok(bound)
+}
+
+#[cfg(test)]
+mod migration_tests {
+    /// Version and SHA-384 of every migration as deployed databases recorded them (before the
+    /// outbox owned its table): sqlx refuses to start on any difference.
+    #[test]
+    fn migrations_keep_the_checksums_deployed_databases_recorded() {
+        let recorded = [
+            (20261203000001, "ce35e83a5ce64af537d5327196d176f0235145ee7f9e20c05e0cd15597031b2e744addbb545ddf7ef1ad119aae5b5fac"),
+            (20261203000002, "5d46fe9f814d0dae9c8de734bf8b486d16489a4e2c9a29782be3a0a27e6ef7b3a341f619f73f1676eacf3b1ec7b44c95"),
+            (20261203000003, "859978ef3f56b8e2df40ef1eacac6ff0e62cadff3ccfae346413dad45d743c639f3cd6550242901ad83a3ba4f1d2d32e"),
+            (20261203000004, "10cb8b556d5bf3d7d04b67f2084fbf74e76902710290483ee542d14c91f7a7aa4b33e8479e200fabdec54e18ad6e78f6"),
+            (20261205000001, "37cea8c26ba235a68143976c149db0b7b53110c0d0bbf4494c52bd26e18177358206ec194ba2bcdf539ff2ad3c7c9725"),
+        ];
+        let carried: Vec<(i64, String)> = super::MIGRATOR
+            .iter()
+            .map(|migration| {
+                (migration.version, migration.checksum.iter().map(|byte| format!("{byte:02x}")).collect())
+            })
+            .collect();
+        let recorded: Vec<(i64, String)> =
+            recorded.iter().map(|(version, checksum)| (*version, (*checksum).to_owned())).collect();
+        assert_eq!(carried, recorded);
+    }
 }

@@ -9,7 +9,7 @@
 //! ledger's outbox, whose relay publishes it as the first time. Safe: the projection sets a
 //! status only while it is `PENDENTE`, and notification receivers dedupe by `eventoId`.
 
-use contracts::RejectionReason;
+use contracts::EntryKind;
 use sqlx::PgPool;
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -71,16 +71,8 @@ pub async fn outcome(
     .await?;
     let Some((result, reason, decided_at)) = decision else { return Ok(Reemitted::NotDecided) };
     let disagrees = |detail: String| ReemitError::Disagrees { transfer_id: transfer.transfer_id, detail };
-    let outcome = match (result.as_str(), reason.as_deref()) {
-        ("LIQUIDADA", None) => Outcome::Settled,
-        ("REJEITADA", Some(reason)) => Outcome::Rejected(
-            RejectionReason::parse(reason)
-                .ok_or_else(|| disagrees(format!("the ledger's rejection reason {reason:?} is unknown")))?,
-        ),
-        (result, reason) => {
-            return Err(disagrees(format!("the ledger's decision ({result}, {reason:?}) is malformed")))
-        }
-    };
+    let outcome = Outcome::parse(&result, reason.as_deref())
+        .map_err(|invalid| disagrees(format!("the ledger's decision is malformed: {invalid}")))?;
     if outcome == Outcome::Settled {
         check_entries(&mut tx, transfer).await.map_err(|detail| match detail {
             Checked::Disagrees(detail) => disagrees(detail),
@@ -126,8 +118,18 @@ async fn check_entries(connection: &mut sqlx::PgConnection, transfer: &Transfer)
     .await
     .map_err(Checked::Database)?;
     let expected = [
-        (transfer.source.clone(), "D".to_owned(), transfer.amount_cents, transfer.currency.clone()),
-        (transfer.destination.clone(), "C".to_owned(), transfer.amount_cents, transfer.currency.clone()),
+        (
+            transfer.source.clone(),
+            EntryKind::Debit.to_string(),
+            transfer.amount_cents.get(),
+            transfer.currency.clone(),
+        ),
+        (
+            transfer.destination.clone(),
+            EntryKind::Credit.to_string(),
+            transfer.amount_cents.get(),
+            transfer.currency.clone(),
+        ),
     ];
     if entries != expected {
         let shown = |rows: &[(String, String, i64, String)]| {

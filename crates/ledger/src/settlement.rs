@@ -4,14 +4,18 @@
 
 use std::collections::HashMap;
 
-use contracts::RejectionReason;
+use contracts::{Cents, RejectionReason};
 use uuid::Uuid;
+
+/// What the ledger decided for a transfer; pinned once stored (the domain type, here for the
+/// rules' callers).
+pub use contracts::Outcome;
 
 /// An account as the rules see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Account {
     pub currency: String,
-    pub balance_cents: i64,
+    pub balance_cents: Cents,
     /// The currency's issuer account `EMISSOR-<MOEDA>`: the only kind that may go negative,
     /// never a side of a transfer.
     pub issuer: bool,
@@ -23,33 +27,8 @@ pub struct Transfer {
     pub transfer_id: Uuid,
     pub source: String,
     pub destination: String,
-    pub amount_cents: i64,
+    pub amount_cents: Cents,
     pub currency: String,
-}
-
-/// What the ledger decided for a transfer; pinned once stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    Settled,
-    Rejected(RejectionReason),
-}
-
-impl Outcome {
-    /// `transferencia_processada.resultado`.
-    pub fn result(&self) -> &'static str {
-        match self {
-            Self::Settled => "LIQUIDADA",
-            Self::Rejected(_) => "REJEITADA",
-        }
-    }
-
-    /// `transferencia_processada.motivo`.
-    pub fn reason(&self) -> Option<&'static str> {
-        match self {
-            Self::Settled => None,
-            Self::Rejected(reason) => Some(reason.as_str()),
-        }
-    }
 }
 
 /// A balance would leave the `i64` range: the transfer cannot be applied (and cannot occur
@@ -108,11 +87,11 @@ mod tests {
             issuer,
         };
         HashMap::from([
-            ("A".to_owned(), account("BRL", 1_000, false)),
-            ("B".to_owned(), account("BRL", 0, false)),
-            ("U".to_owned(), account("USD", 500, false)),
-            ("EMISSOR-BRL".to_owned(), account("BRL", -1_000, true)),
-            ("MAX".to_owned(), account("BRL", i64::MAX, false)),
+            ("A".to_owned(), account("BRL", Cents::new(1_000), false)),
+            ("B".to_owned(), account("BRL", Cents::ZERO, false)),
+            ("U".to_owned(), account("USD", Cents::new(500), false)),
+            ("EMISSOR-BRL".to_owned(), account("BRL", Cents::new(-1_000), true)),
+            ("MAX".to_owned(), account("BRL", Cents::MAX, false)),
         ])
     }
 
@@ -121,7 +100,7 @@ mod tests {
             transfer_id: Uuid::nil(),
             source: source.into(),
             destination: destination.into(),
-            amount_cents,
+            amount_cents: Cents::amount(amount_cents).expect("a test amount is positive"),
             currency: "BRL".into(),
         }
     }
@@ -130,15 +109,15 @@ mod tests {
     fn a_transfer_to_the_same_account_leaves_its_balance_as_it_was() {
         let mut accounts = accounts();
         assert_eq!(decide(&transfer("A", "A", 400), &mut accounts), Ok(Outcome::Settled));
-        assert_eq!(accounts["A"].balance_cents, 1_000);
+        assert_eq!(accounts["A"].balance_cents, Cents::new(1_000));
     }
 
     #[test]
     fn a_covered_transfer_moves_the_money() {
         let mut accounts = accounts();
         assert_eq!(decide(&transfer("A", "B", 1_000), &mut accounts), Ok(Outcome::Settled));
-        assert_eq!(accounts["A"].balance_cents, 0);
-        assert_eq!(accounts["B"].balance_cents, 1_000);
+        assert_eq!(accounts["A"].balance_cents, Cents::ZERO);
+        assert_eq!(accounts["B"].balance_cents, Cents::new(1_000));
     }
 
     #[test]
@@ -165,7 +144,7 @@ mod tests {
         let mut accounts = accounts();
         let error = decide(&transfer("A", "MAX", 1), &mut accounts).expect_err("overflow");
         assert_eq!(error.account, "MAX");
-        assert_eq!(accounts["A"].balance_cents, 1_000, "nothing moved");
+        assert_eq!(accounts["A"].balance_cents, Cents::new(1_000), "nothing moved");
     }
 
     #[test]

@@ -30,7 +30,7 @@ use kafka::dead_letter::Failure;
 use kafka::rdkafka::message::{Message, OwnedMessage};
 use sqlx::PgPool;
 
-use contracts::TransferAnalysed;
+use contracts::{Cents, TransferAnalysed};
 
 use crate::error::{FailureKind, StoreError};
 use crate::settlement::{Outcome, Transfer};
@@ -125,20 +125,20 @@ impl Settler {
     async fn settle(&self, requests: &[Request]) -> Result<(), StoreError> {
         let started = Instant::now();
         let settlement = store::settle(&self.pool, requests, &self.topics).await?;
-        metrics::histogram!("ledger_liquidacao_seconds").record(started.elapsed().as_secs_f64());
+        metrics::histogram!("ledger_settlement_seconds").record(started.elapsed().as_secs_f64());
         for (transfer_id, outcome) in &settlement.decided {
-            let motivo = outcome.reason().unwrap_or("");
-            metrics::counter!("ledger_resultados_total", "resultado" => outcome.result(), "motivo" => motivo)
+            let reason = outcome.reason().unwrap_or("");
+            metrics::counter!("ledger_outcomes_total", "outcome" => outcome.result(), "reason" => reason)
                 .increment(1);
             match outcome {
                 Outcome::Settled => tracing::debug!(%transfer_id, "settled"),
                 Outcome::Rejected(reason) => {
-                    tracing::info!(%transfer_id, motivo = reason.as_str(), "rejected")
+                    tracing::info!(%transfer_id, reason = reason.as_str(), "rejected")
                 }
             }
         }
         for transfer_id in &settlement.already_decided {
-            metrics::counter!("ledger_ja_decididas_total").increment(1);
+            metrics::counter!("ledger_already_decided_total").increment(1);
             tracing::debug!(%transfer_id, "already decided; outcome pinned, nothing done");
         }
         Ok(())
@@ -154,6 +154,8 @@ fn cause_fqcn(error: &StoreError) -> &'static str {
         StoreError::Encode(_) => type_name::<serde_json::Error>(),
         StoreError::DecidedConcurrently(_) => type_name::<StoreError>(),
         StoreError::Overflow(_) => type_name::<crate::settlement::Overflow>(),
+        StoreError::InvalidOutcome(_) => type_name::<contracts::domain::InvalidOutcome>(),
+        StoreError::InvalidCurrency(_) => type_name::<contracts::domain::InvalidCurrency>(),
     }
 }
 
@@ -172,9 +174,8 @@ impl MalformedEvent {
 pub fn decode(record: &OwnedMessage) -> Result<Request, MalformedEvent> {
     let event: TransferAnalysed =
         serde_json::from_slice(record.payload().unwrap_or_default()).map_err(MalformedEvent::Json)?;
-    if event.amount_cents <= 0 {
-        return Err(MalformedEvent::Amount(event.amount_cents));
-    }
+    let amount_cents =
+        Cents::amount(event.amount_cents.get()).map_err(|refused| MalformedEvent::Amount(refused.0))?;
     if event.source_account == event.destination_account {
         return Err(MalformedEvent::SameAccount(event.source_account));
     }
@@ -186,7 +187,7 @@ pub fn decode(record: &OwnedMessage) -> Result<Request, MalformedEvent> {
             transfer_id: event.transfer_id,
             source: event.source_account,
             destination: event.destination_account,
-            amount_cents: event.amount_cents,
+            amount_cents,
             currency: event.currency,
         },
         traceparent: trace.remove("traceparent"),

@@ -84,7 +84,7 @@ proptest! {
             payload.truncate(cut.min(payload.len().saturating_sub(1))); // truncated mid-record
         }
         if let Ok(request) = ledger::settler::decode(&record(Some(payload), Some(b"00-garbage".to_vec()))) {
-            prop_assert!(request.transfer.amount_cents > 0);
+            prop_assert!(request.transfer.amount_cents.is_positive());
             prop_assert_ne!(request.transfer.source, request.transfer.destination);
         }
     }
@@ -94,5 +94,5 @@ proptest! {
 fn the_valid_event_decodes() {
     let request = ledger::settler::decode(&record(Some(serde_json::to_vec(&valid()).expect("json")), None))
         .expect("a valid event decodes");
-    assert_eq!(request.transfer.amount_cents, 30_000);
+    assert_eq!(request.transfer.amount_cents.get(), 30_000);
 }

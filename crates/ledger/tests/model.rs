@@ -157,9 +157,9 @@ impl Model {
             let outcome = self.rule(transfer);
             if outcome.0 == "LIQUIDADA" {
                 self.accounts.get_mut(&transfer.source).expect("source").balance_cents -=
-                    transfer.amount_cents;
+                    transfer.amount_cents.get();
                 self.accounts.get_mut(&transfer.destination).expect("destination").balance_cents +=
-                    transfer.amount_cents;
+                    transfer.amount_cents.get();
             }
             self.decided.insert(transfer.transfer_id, outcome);
             decided.push((transfer.transfer_id, outcome.0, outcome.1));
@@ -176,7 +176,7 @@ impl Model {
         if source.currency != transfer.currency || destination.currency != transfer.currency {
             return ("REJEITADA", Some("MOEDA_INCOMPATIVEL"));
         }
-        if source.balance_cents < transfer.amount_cents {
+        if source.balance_cents < transfer.amount_cents.get() {
             return ("REJEITADA", Some("SALDO_INSUFICIENTE"));
         }
         ("LIQUIDADA", None)
@@ -199,7 +199,13 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
         match step {
             Step::Open { account, currency, opening_cents } => {
                 let id = account_id(account);
-                let created = store::create_account(pool, &id, CURRENCIES[currency], opening_cents).await;
+                let created = store::create_account(
+                    pool,
+                    &id,
+                    &contracts::Currency::parse(CURRENCIES[currency]).expect("currency"),
+                    contracts::Cents::new(opening_cents),
+                )
+                .await;
                 let expected = model.open(&id, CURRENCIES[currency], opening_cents);
                 match created {
                     Ok(_) => prop_assert!(expected, "{id} opened twice"),
@@ -209,7 +215,7 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
             }
             Step::Deposit { id, account, cents } => {
                 let (id, account) = (deposit_id(id), account_id(account));
-                let result = match store::deposit(pool, id, &account, cents).await {
+                let result = match store::deposit(pool, id, &account, contracts::Cents::new(cents)).await {
                     Ok(DepositMade::New(_)) => DepositResult::New,
                     Ok(DepositMade::Replayed(_)) => DepositResult::Replayed,
                     Err(DepositError::NoAccount(_)) => DepositResult::NoAccount,
@@ -231,7 +237,7 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                         transfer_id: transfer_id(step.id),
                         source: account_id(step.source),
                         destination: account_id(step.destination),
-                        amount_cents: step.cents,
+                        amount_cents: contracts::Cents::new(step.cents),
                         currency: CURRENCIES[step.currency].to_owned(),
                     })
                     .collect();

@@ -24,7 +24,7 @@ fn transfer(source: &str, destination: &str, amount_cents: i64) -> Transfer {
         transfer_id: Uuid::new_v4(),
         source: source.into(),
         destination: destination.into(),
-        amount_cents,
+        amount_cents: contracts::Cents::new(amount_cents),
         currency: "BRL".into(),
     }
 }
@@ -57,8 +57,22 @@ async fn mark_published(pool: &PgPool, id: Uuid) {
 async fn the_outcome_sent_again_is_the_event_the_ledger_wrote_and_only_once_while_it_waits() {
     let database = TestDatabase::create(&ledger::MIGRATOR).await;
     let pool = &database.pool;
-    store::create_account(pool, "RE-A", "BRL", 1_000).await.expect("account");
-    store::create_account(pool, "RE-B", "BRL", 0).await.expect("account");
+    store::create_account(
+        pool,
+        "RE-A",
+        &contracts::Currency::parse("BRL").expect("currency"),
+        contracts::Cents::new(1_000),
+    )
+    .await
+    .expect("account");
+    store::create_account(
+        pool,
+        "RE-B",
+        &contracts::Currency::parse("BRL").expect("currency"),
+        contracts::Cents::new(0),
+    )
+    .await
+    .expect("account");
     let settled = transfer("RE-A", "RE-B", 300);
     let rejected = transfer("RE-B", "RE-A", 5_000);
     settle(pool, &settled).await;
@@ -107,15 +121,32 @@ async fn the_outcome_sent_again_is_the_event_the_ledger_wrote_and_only_once_whil
         (Some("SALDO_INSUFICIENTE"), Some("RE-B"))
     );
     // no money moved
-    assert_eq!(store::find_account(pool, "RE-A").await.expect("read").expect("account").balance_cents, 700);
+    assert_eq!(
+        store::find_account(pool, "RE-A").await.expect("read").expect("account").balance_cents.get(),
+        700
+    );
 }
 
 #[tokio::test]
 async fn an_undecided_transfer_is_not_the_ledgers_and_disagreeing_entries_are_refused() {
     let database = TestDatabase::create(&ledger::MIGRATOR).await;
     let pool = &database.pool;
-    store::create_account(pool, "RE-C", "BRL", 1_000).await.expect("account");
-    store::create_account(pool, "RE-D", "BRL", 0).await.expect("account");
+    store::create_account(
+        pool,
+        "RE-C",
+        &contracts::Currency::parse("BRL").expect("currency"),
+        contracts::Cents::new(1_000),
+    )
+    .await
+    .expect("account");
+    store::create_account(
+        pool,
+        "RE-D",
+        &contracts::Currency::parse("BRL").expect("currency"),
+        contracts::Cents::new(0),
+    )
+    .await
+    .expect("account");
     assert_eq!(
         outcome(pool, &transfer("RE-C", "RE-D", 1), &topics(), false).await.expect("outcome"),
         Reemitted::NotDecided
@@ -126,7 +157,7 @@ async fn an_undecided_transfer_is_not_the_ledgers_and_disagreeing_entries_are_re
     let event = derived_event_id(SETTLED_PREFIX, settled.transfer_id);
     mark_published(pool, event).await;
     // transferencias says 301 where the ledger moved 300: neither version is sent
-    let claimed = Transfer { amount_cents: 301, ..settled.clone() };
+    let claimed = Transfer { amount_cents: contracts::Cents::new(301), ..settled.clone() };
     let error = outcome(pool, &claimed, &topics(), false).await.expect_err("disagrees");
     assert!(matches!(error, ReemitError::Disagrees { .. }), "{error}");
     assert!(error.to_string().contains("D RE-C 300 BRL, C RE-D 300 BRL"), "{error}");

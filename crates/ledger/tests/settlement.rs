@@ -279,9 +279,9 @@ async fn metrics_show_settlement_latency_outcomes_outbox_and_lag() {
     })
     .await;
     for expected in [
-        "ledger_liquidacao_seconds_bucket",
-        "ledger_resultados_total{resultado=\"LIQUIDADA\",motivo=\"\"}",
-        "ledger_resultados_total{resultado=\"REJEITADA\",motivo=\"SALDO_INSUFICIENTE\"}",
+        "ledger_settlement_seconds_bucket",
+        "ledger_outcomes_total{outcome=\"LIQUIDADA\",reason=\"\"}",
+        "ledger_outcomes_total{outcome=\"REJEITADA\",reason=\"SALDO_INSUFICIENTE\"}",
         "outbox_pendentes{database=\"ledger\"}",
         "outbox_oldest_pending_seconds{database=\"ledger\"}",
     ] {

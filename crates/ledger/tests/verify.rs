@@ -23,7 +23,14 @@ async fn books() -> Books {
     let database = TestDatabase::create(&ledger::MIGRATOR).await;
     let pool = &database.pool;
     for (id, currency, opening) in [("A", "BRL", 1_000), ("B", "BRL", 0), ("U", "USD", 500)] {
-        store::create_account(pool, id, currency, opening).await.expect("account");
+        store::create_account(
+            pool,
+            id,
+            &contracts::Currency::parse(currency).expect("currency"),
+            contracts::Cents::new(opening),
+        )
+        .await
+        .expect("account");
     }
     let (settled, rejected) = (Uuid::new_v4(), Uuid::new_v4());
     let request = |transfer_id, amount_cents| Request {
@@ -31,7 +38,7 @@ async fn books() -> Books {
             transfer_id,
             source: "A".into(),
             destination: "B".into(),
-            amount_cents,
+            amount_cents: contracts::Cents::new(amount_cents),
             currency: "BRL".into(),
         },
         traceparent: None,
@@ -39,7 +46,10 @@ async fn books() -> Books {
     };
     let topics = OutcomeTopics { settled: "liquidada".into(), rejected: "rejeitada".into() };
     store::settle(pool, &[request(settled, 300), request(rejected, 5_000)], &topics).await.expect("settle");
-    assert_eq!(store::outcome(pool, rejected).await.expect("outcome").expect("decided").0, "REJEITADA");
+    assert_eq!(
+        store::outcome(pool, rejected).await.expect("outcome").expect("decided").result(),
+        "REJEITADA"
+    );
     let books = Books { database, settled, rejected };
     assert!(broken(books.pool()).await.is_empty(), "the books start clean");
     books

@@ -68,7 +68,7 @@ impl OutcomeReader {
         let mut assignment = TopicPartitionList::new();
         for name in [topics::SETTLED, topics::REJECTED] {
             let topic = args.topic(name);
-            let partitions = kafka::topics::partitions(consumer.client(), &topic, METADATA_TIMEOUT)
+            let partitions = kafka::metadata::partitions(consumer.client(), &topic, METADATA_TIMEOUT)
                 .map_err(kafka_error("metadata"))?;
             if partitions.is_empty() {
                 return Err(LoadgenError::Kafka {

@@ -176,7 +176,7 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
             None
         }
     };
-    kafka::topics::ensure_at_start(&kafka, &topic_args).await?;
+    kafka_admin::topics::ensure_at_start(&kafka, &topic_args).await?;
     let bases: Vec<String> = topics::RETRIED_TOPICS.iter().map(|topic| kafka.topic(topic)).collect();
     let consumed: Vec<String> = chain()
         .stages(&bases, "")
@@ -244,7 +244,7 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
     let dead_letter_topics = bases.iter().map(|base| topics::dead_letter_topic(base)).collect();
     supervisor.spawn(
         "notificacoes/dlt-gauges",
-        kafka::dlt::report_retained(
+        kafka_admin::dlt::report_retained(
             kafka.clone(),
             dead_letter_topics,
             kafka::lag::REFRESH_INTERVAL,
@@ -353,7 +353,7 @@ pub enum Error {
     #[error(transparent)]
     Auth(#[from] telemetry::health::HealthAuthError),
     #[error(transparent)]
-    Webhook(#[from] webhook::ClientError),
+    Webhook(#[from] webhook::ClientBuildError),
     #[error(transparent)]
     ShareGroup(#[from] share_group::Error),
     #[error("cannot sign webhooks: {0}")]

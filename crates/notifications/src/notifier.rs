@@ -10,8 +10,9 @@ use contracts::{EventType, MalformedEvent, OutcomeEvent};
 
 use crate::webhook::{Answer, Notification, Webhook};
 
-/// The `kafka_exception-fqcn` of a record that is not the event its topic carries.
-pub const MALFORMED_EVENT: &str = "notifications::notifier::MalformedEvent";
+/// The `kafka_exception-fqcn` of a record that is not the event its topic carries: the type
+/// path of [`contracts::MalformedEvent`] (a unit test holds them equal).
+pub const MALFORMED_EVENT: &str = "contracts::events::MalformedEvent";
 
 /// What a notification is about, read from the payload (never from headers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,19 +57,23 @@ impl Attempt for Notifier {
     async fn attempt(&self, record: &OwnedMessage) -> Verdict {
         let outcome = match self.decode(record) {
             Ok(outcome) => outcome,
-            Err(error) => return Verdict::Reject(Failure::new(MALFORMED_EVENT, "serde_json::Error", &error)),
+            Err(error) => {
+                // the cause named from the error held, as Spring names the cause's class
+                let cause = std::any::type_name_of_val(&error.source);
+                return Verdict::Reject(Failure::new(MALFORMED_EVENT, cause, &error));
+            }
         };
         let span = tracing::info_span!(
-            "notificacoes.entregar",
+            "notifications.deliver",
             transfer_id = %outcome.transfer_id,
-            evento_id = %outcome.event_id,
-            evento_tipo = outcome.event_type.as_str(),
+            event_id = %outcome.event_id,
+            event_type = outcome.event_type.as_str(),
             topic = record.topic(),
         );
         kafka::trace::continue_from(&span, record);
         let Some(webhook) = &self.webhook else {
             span.in_scope(|| tracing::info!("notification (no NOTIFICACOES_WEBHOOK_URL: logged only)"));
-            metrics::counter!("notificacoes_webhook_total", "resultado" => "registrada").increment(1);
+            metrics::counter!("notifications_webhook_total", "outcome" => "logged").increment(1);
             return Verdict::Done;
         };
         let trace: Vec<(String, String)> = telemetry::context::inject(&span).into_iter().collect();
@@ -134,7 +139,10 @@ mod tests {
         let notifier = Notifier::new(None, "t.liquidada".into());
         match notifier.attempt(&record("t.liquidada", "not json")).await {
             Verdict::Reject(failure) => {
+                assert_eq!(MALFORMED_EVENT, std::any::type_name::<MalformedEvent>());
                 assert_eq!(failure.exception_fqcn, MALFORMED_EVENT);
+                assert_eq!(failure.cause_fqcn, "serde_json::error::Error");
+                assert_eq!(failure.cause_fqcn, std::any::type_name::<serde_json::Error>());
                 assert!(failure.message.contains("TransferenciaLiquidada"), "{}", failure.message);
             }
             other => panic!("expected a rejection, got {other:?}"),

@@ -83,12 +83,35 @@ pub struct WebhookSettings {
     pub pool_idle_per_host: usize,
 }
 
-/// A request that could not be sent, or was not created.
+/// The webhook client could not be created.
 #[derive(Debug, thiserror::Error)]
-pub enum ClientError {
+pub enum ClientBuildError {
     #[error("cannot build the webhook client")]
     Build(#[source] reqwest::Error),
 }
+
+// What each failed delivery is called in the `kafka_exception-fqcn` header (Spring writes an
+// exception class there): a type per kind, so the name is `std::any::type_name` of a type that
+// exists rather than a string kept in step by hand.
+
+/// The receiver answered 5xx.
+#[derive(Debug)]
+pub struct ServerError;
+/// The receiver answered 4xx.
+#[derive(Debug)]
+pub struct ClientError;
+/// The receiver answered 1xx or 3xx.
+#[derive(Debug)]
+pub struct UnexpectedStatus;
+/// No answer within the timeout.
+#[derive(Debug)]
+pub struct Timeout;
+/// The receiver could not be reached.
+#[derive(Debug)]
+pub struct ConnectionFailed;
+/// The request failed otherwise.
+#[derive(Debug)]
+pub struct RequestFailed;
 
 /// How one delivery ended.
 #[derive(Debug)]
@@ -122,13 +145,14 @@ pub enum DeliveryError {
 impl DeliveryError {
     /// The exception class name for the retry and dead-letter headers.
     pub fn fqcn(&self) -> &'static str {
+        use std::any::type_name;
         match self {
-            Self::Status { status } if status.is_server_error() => "notifications::webhook::ServerError",
-            Self::Status { status } if status.is_client_error() => "notifications::webhook::ClientError",
-            Self::Status { .. } => "notifications::webhook::UnexpectedStatus",
-            Self::Timeout { .. } => "notifications::webhook::Timeout",
-            Self::Connection(_) => "notifications::webhook::ConnectionFailed",
-            Self::Request(_) => "notifications::webhook::RequestFailed",
+            Self::Status { status } if status.is_server_error() => type_name::<ServerError>(),
+            Self::Status { status } if status.is_client_error() => type_name::<ClientError>(),
+            Self::Status { .. } => type_name::<UnexpectedStatus>(),
+            Self::Timeout { .. } => type_name::<Timeout>(),
+            Self::Connection(_) => type_name::<ConnectionFailed>(),
+            Self::Request(_) => type_name::<RequestFailed>(),
         }
     }
 
@@ -137,8 +161,10 @@ impl DeliveryError {
     /// for it.
     pub fn cause_fqcn(&self) -> &'static str {
         match self {
-            Self::Status { .. } => std::any::type_name::<StatusCode>(),
-            _ => "reqwest::Error",
+            Self::Status { status } => std::any::type_name_of_val(status),
+            Self::Timeout { source, .. } | Self::Connection(source) | Self::Request(source) => {
+                std::any::type_name_of_val(source)
+            }
         }
     }
 }
@@ -196,7 +222,7 @@ pub struct Webhook {
 }
 
 impl Webhook {
-    pub fn new(settings: WebhookSettings) -> Result<Self, ClientError> {
+    pub fn new(settings: WebhookSettings) -> Result<Self, ClientBuildError> {
         let client = reqwest::Client::builder()
             .timeout(settings.timeout)
             .connect_timeout(settings.timeout)
@@ -204,7 +230,7 @@ impl Webhook {
             .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("pagamentos-notificacoes/", env!("CARGO_PKG_VERSION")))
             .build()
-            .map_err(ClientError::Build)?;
+            .map_err(ClientBuildError::Build)?;
         Ok(Self { client, settings })
     }
 
@@ -263,14 +289,14 @@ impl Webhook {
             Err(error) if error.is_connect() => Answer::Transient(DeliveryError::Connection(error)),
             Err(error) => Answer::Transient(DeliveryError::Request(error)),
         };
-        let resultado = match &answer {
-            Answer::Delivered(_) => "entregue",
-            Answer::Transient(_) => "falha_temporaria",
-            Answer::Permanent(_) => "recusada",
+        let outcome = match &answer {
+            Answer::Delivered(_) => "delivered",
+            Answer::Transient(_) => "transient_failure",
+            Answer::Permanent(_) => "refused",
         };
-        metrics::histogram!("notificacoes_webhook_seconds", "resultado" => resultado)
+        metrics::histogram!("notifications_webhook_seconds", "outcome" => outcome)
             .record(started.elapsed().as_secs_f64());
-        metrics::counter!("notificacoes_webhook_total", "resultado" => resultado).increment(1);
+        metrics::counter!("notifications_webhook_total", "outcome" => outcome).increment(1);
         answer
     }
 }
@@ -338,5 +364,19 @@ mod tests {
         assert_eq!(server.to_string(), "webhook answered 503 Service Unavailable");
         let client = DeliveryError::Status { status: StatusCode::BAD_REQUEST };
         assert_eq!(client.fqcn(), "notifications::webhook::ClientError");
+        assert_eq!(
+            DeliveryError::Status { status: StatusCode::FOUND }.fqcn(),
+            "notifications::webhook::UnexpectedStatus"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_request_names_the_error_it_holds_as_its_cause() {
+        // nothing listens on port 9 (discard) of this host: the connection is refused
+        let error = reqwest::Client::new().get("http://127.0.0.1:9/").send().await.expect_err("refused");
+        let connection = DeliveryError::Connection(error);
+        assert_eq!(connection.fqcn(), "notifications::webhook::ConnectionFailed");
+        assert_eq!(connection.cause_fqcn(), "reqwest::error::Error");
+        assert_eq!(connection.cause_fqcn(), std::any::type_name::<reqwest::Error>());
     }
 }

@@ -283,8 +283,8 @@ async fn an_always_failing_receiver_gets_four_calls_then_the_record_is_dead_lett
         format!("retries_total{{topic=\"{settled}-retry-1000\"}} 1"),
         format!("retries_total{{topic=\"{settled}-retry-2000\"}} 1"),
         format!("dlt_mensagens_total{{topic=\"{settled}-dlt\"}} 1"),
-        "notificacoes_webhook_seconds_bucket".to_owned(),
-        "notificacoes_webhook_total{resultado=\"falha_temporaria\"}".to_owned(),
+        "notifications_webhook_seconds_bucket".to_owned(),
+        "notifications_webhook_total{outcome=\"transient_failure\"}".to_owned(),
         format!("kafka_consumer_lag{{group=\"{group}-retry-4000\""),
     ] {
         assert!(metrics.contains(&expected), "{expected} missing from /metrics");
@@ -380,7 +380,7 @@ async fn a_client_error_is_dead_lettered_after_one_call_and_garbage_after_none()
     let by_message: Vec<&[u8]> =
         letters.iter().map(|letter| header(letter, "kafka_exception-fqcn")).collect();
     assert!(by_message.contains(&&b"notifications::webhook::ClientError"[..]), "{by_message:?}");
-    assert!(by_message.contains(&&b"notifications::notifier::MalformedEvent"[..]), "{by_message:?}");
+    assert!(by_message.contains(&notifications::notifier::MALFORMED_EVENT.as_bytes()), "{by_message:?}");
     let garbage =
         letters.iter().find(|letter| letter.payload() == Some(&b"{not json"[..])).expect("garbage letter");
     // rejected by the first attempt: on its way to attempt 2, due at once
@@ -390,7 +390,7 @@ async fn a_client_error_is_dead_lettered_after_one_call_and_garbage_after_none()
     let refused =
         letters.iter().find(|letter| letter.payload() != Some(&b"{not json"[..])).expect("refused letter");
     assert_eq!(header(refused, "kafka_exception-cause-fqcn"), b"http::status::StatusCode");
-    assert_eq!(header(garbage, "kafka_exception-cause-fqcn"), b"serde_json::Error");
+    assert_eq!(header(garbage, "kafka_exception-cause-fqcn"), b"serde_json::error::Error");
     // nothing more: one call for the 400 (none from retry-1000), none for the garbage
     let marker = running.marker(topics::SETTLED, "CC-003", 2).await;
     assert_eq!(running.receiver.calls_for(event).len(), 1);
@@ -416,7 +416,7 @@ async fn a_receiver_that_does_not_answer_in_time_is_retried() {
     running.marker(topics::SETTLED, "CC-004", 3).await;
     assert_eq!(running.receiver.calls_for(event).len(), 2);
     let metrics = running.metrics().await;
-    assert!(metrics.contains("notificacoes_webhook_total{resultado=\"entregue\"}"), "{metrics}");
+    assert!(metrics.contains("notifications_webhook_total{outcome=\"delivered\"}"), "{metrics}");
     running.stop().await;
 }
 

@@ -263,7 +263,7 @@ async fn each_outcome_is_delivered_once_with_the_contracts_request() {
     assert_eq!(receiver.calls_for(rejected).len(), 1, "delivered once");
     assert_eq!(fixture.dead_letters_written().await, 0);
     let metrics = service.metrics().await;
-    assert!(metrics.contains("notificacoes_webhook_total{resultado=\"entregue\"}"), "{metrics}");
+    assert!(metrics.contains("notifications_webhook_total{outcome=\"delivered\"}"), "{metrics}");
     service.stop().await;
 }
 
@@ -377,8 +377,8 @@ async fn a_client_error_is_dead_lettered_after_one_call_and_garbage_after_none()
         letters.iter().find(|letter| letter.payload() == Some(&b"{not json"[..])).expect("garbage letter");
     assert_eq!(header(refused, "kafka_exception-fqcn"), b"notifications::webhook::ClientError");
     assert_eq!(header(refused, "kafka_exception-cause-fqcn"), b"http::status::StatusCode");
-    assert_eq!(header(garbage, "kafka_exception-fqcn"), b"notifications::notifier::MalformedEvent");
-    assert_eq!(header(garbage, "kafka_exception-cause-fqcn"), b"serde_json::Error");
+    assert_eq!(header(garbage, "kafka_exception-fqcn"), notifications::notifier::MALFORMED_EVENT.as_bytes());
+    assert_eq!(header(garbage, "kafka_exception-cause-fqcn"), b"serde_json::error::Error");
     // rejected by the first attempt: on their way to attempt 2
     assert_eq!(decode_int(header(refused, "retry_topic-attempts")), Ok(2));
     assert_eq!(decode_int(header(garbage, "retry_topic-attempts")), Ok(2));
@@ -393,7 +393,7 @@ async fn a_client_error_is_dead_lettered_after_one_call_and_garbage_after_none()
 /// Waits until `members` members of `service` have partitions assigned, so that what the test
 /// publishes next is shared as the broker will go on sharing it.
 async fn members_assigned(service: &Service, members: u32) {
-    let line = format!("notificacoes_membros_com_particoes {members}\n");
+    let line = format!("notifications_members_with_partitions {members}\n");
     testkit::eventually(&format!("{members} members with partitions"), Duration::from_secs(90), || async {
         service.metrics().await.contains(&line).then_some(())
     })

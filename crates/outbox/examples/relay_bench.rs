@@ -44,7 +44,7 @@ async fn pending(database: &TestDatabase) -> i64 {
 }
 
 async fn run(profile: Profile, backlog_rows: i64, steady_seconds: u64) -> serde_json::Value {
-    let database = TestDatabase::create(&transfers::MIGRATOR).await;
+    let database = TestDatabase::create(&outbox::migrations::STANDALONE).await;
     let topics = TestTopics::create(&["bench"], 12).await;
     let topic = topics.topic("bench");
     let producer =

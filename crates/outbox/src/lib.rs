@@ -8,17 +8,15 @@
 //! - [`relay`]: the relay loop: one active relay per database (an advisory lock), batches
 //!   leased to the relay instance in a short transaction (`FOR UPDATE SKIP LOCKED`), published
 //!   with the idempotent producer, marked published once the broker acknowledged them.
-//! - [`metrics`]: `outbox_pendentes`, `outbox_oldest_pending_seconds`, `outbox_reservados`.
-//! - [`health`]: PostgreSQL readiness for `/readyz` (the shared floor of the services that own
-//!   a database).
-//! - [`schema`]: the start-up rule of that floor: migrate as the schema's owner, else check
-//!   that every migration is applied (a runtime role may not change the schema).
+//! - [`metrics`]: `outbox_pendentes`, `outbox_oldest_pending_seconds`, `outbox_leased_rows`.
+//! - [`migrations`]: `outbox_evento`'s migrations, merged into each service's migrator.
 //!
 //! # Architecture invariant
-//! Knows the `outbox_evento` table and nothing else of a service's schema. Each service's own
-//! migrations create the table (the article's columns plus `traceparent`/`tracestate`, the
-//! acceptance order `sequencia`, the lease `reservado_por`/`reservado_ate` and the
-//! `NOTIFY outbox_evento` insert trigger, see [`NOTIFY_CHANNEL`]).
+//! Knows the `outbox_evento` table and nothing else of a service's schema. It owns the table's
+//! migrations ([`migrations`]), which every service's migrator carries: the article's columns
+//! plus `traceparent`/`tracestate`, the acceptance order `sequencia`, the lease
+//! `reservado_por`/`reservado_ate` and the `NOTIFY outbox_evento` insert trigger (see
+//! [`NOTIFY_CHANNEL`]).
 //!
 //! # Guarantees
 //! At least once: a crash after the broker's acknowledgement and before the mark publishes the
@@ -29,10 +27,9 @@
 //! producer keeps each partition's order across retries.
 
 pub mod error;
-pub mod health;
 pub mod metrics;
+pub mod migrations;
 pub mod relay;
-pub mod schema;
 
 pub use error::Error;
 use sqlx::PgConnection;

@@ -1,6 +1,6 @@
 //! The backlog gauges (`CONTRACT.md` §5): `outbox_pendentes` (unpublished rows) and
 //! `outbox_oldest_pending_seconds` (age of the oldest), labelled with the database; and ours,
-//! `outbox_reservados`: unpublished rows under a live relay lease (claimed, waiting for the
+//! `outbox_leased_rows`: unpublished rows under a live relay lease (claimed, waiting for the
 //! broker's answer, or left by a relay that died until its lease ends).
 
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -57,7 +57,7 @@ pub async fn run(pool: PgPool, database: &'static str, measured: Backlog, shutdo
                 ::metrics::gauge!("outbox_pendentes", "database" => database).set(rows as f64);
                 ::metrics::gauge!("outbox_oldest_pending_seconds", "database" => database)
                     .set(oldest_seconds);
-                ::metrics::gauge!("outbox_reservados", "database" => database).set(leased as f64);
+                ::metrics::gauge!("outbox_leased_rows", "database" => database).set(leased as f64);
             }
             Err(error) => tracing::warn!(%error, database, "outbox backlog unreadable"),
         }

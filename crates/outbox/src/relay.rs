@@ -118,27 +118,32 @@ impl RelayOptions {
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct PendingEvent {
     pub id: Uuid,
-    pub topico: String,
-    pub chave: String,
-    pub tipo: String,
+    #[sqlx(rename = "topico")]
+    pub topic: String,
+    #[sqlx(rename = "chave")]
+    pub key: String,
+    #[sqlx(rename = "tipo")]
+    pub event_type: String,
     pub payload: String,
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
-    pub criado_em: OffsetDateTime,
-    /// The acceptance order: drawn at insert, in insert order (`criado_em` is one value for
-    /// every row of a transaction).
-    pub sequencia: i64,
+    #[sqlx(rename = "criado_em")]
+    pub created_at: OffsetDateTime,
+    /// The acceptance order (`sequencia`): drawn at insert, in insert order (`criado_em` is one
+    /// value for every row of a transaction).
+    #[sqlx(rename = "sequencia")]
+    pub sequence: i64,
 }
 
 impl PendingEvent {
     /// The Kafka record: key `chave`, headers `evento-id`, `evento-tipo` and the trace context.
     pub fn record(&self) -> OutgoingRecord {
-        let mut record = OutgoingRecord::new(&self.topico, self.chave.as_bytes(), self.payload.as_bytes())
+        let mut record = OutgoingRecord::new(&self.topic, self.key.as_bytes(), self.payload.as_bytes())
             .header(EVENT_ID, self.id.hyphenated().to_string())
-            .header(EVENT_TYPE, self.tipo.as_bytes());
+            .header(EVENT_TYPE, self.event_type.as_bytes());
         let Some(traceparent) = &self.traceparent else { return record };
         // the relay's hop: a span in the row's trace, whose context the record carries on
-        let span = tracing::info_span!("outbox.publish", evento_id = %self.id, evento_tipo = %self.tipo, topic = %self.topico);
+        let span = tracing::info_span!("outbox.publish", event_id = %self.id, event_type = %self.event_type, topic = %self.topic);
         telemetry::context::continue_from(&span, Some(traceparent), self.tracestate.as_deref());
         let mut context = telemetry::context::inject(&span);
         let traceparent = context.remove("traceparent").unwrap_or_else(|| traceparent.clone());
@@ -181,7 +186,7 @@ pub async fn claim<'e>(
     .bind(lease.as_secs_f64())
     .fetch_all(executor)
     .await?;
-    events.sort_unstable_by_key(|event| event.sequencia);
+    events.sort_unstable_by_key(|event| event.sequence);
     Ok(events)
 }
 
@@ -229,15 +234,15 @@ fn was_acknowledged(
 ) -> bool {
     match result {
         Ok(_) => {
-            let age = (OffsetDateTime::now_utc() - event.criado_em).as_seconds_f64().max(0.0);
+            let age = (OffsetDateTime::now_utc() - event.created_at).as_seconds_f64().max(0.0);
             metrics::histogram!("outbox_delivery_seconds", "database" => database).record(age);
             true
         }
         Err(error) => {
             tracing::warn!(
                 error = %kafka::consumer::error_chain(&error),
-                evento_id = %event.id,
-                topic = event.topico,
+                event_id = %event.id,
+                topic = event.topic,
                 "outbox event not published; it stays pending"
             );
             false
@@ -336,7 +341,7 @@ impl Relay {
         let unpublished: Vec<Uuid> =
             events.iter().map(|event| event.id).filter(|id| !acknowledged_set.contains(id)).collect();
         release(&mut *connection, owner, &unpublished).await?;
-        metrics::counter!("outbox_publicados_total", "database" => database).increment(marked);
+        metrics::counter!("outbox_published_total", "database" => database).increment(marked);
         Ok(Cycle { claimed: events.len(), published: acknowledged.len() })
     }
 

@@ -1,4 +1,4 @@
-//! The outbox relay against the real stack (the transfers schema hosts `outbox_evento`).
+//! The outbox relay against the real stack (a database of its own with the outbox's table alone).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,7 +25,7 @@ struct Fixture {
 
 async fn fixture(partitions: i32) -> Fixture {
     testkit::init_logs();
-    let database = TestDatabase::create(&transfers::MIGRATOR).await;
+    let database = TestDatabase::create(&outbox::migrations::STANDALONE).await;
     let topics = TestTopics::create(&["events"], partitions).await;
     let topic = topics.topic("events");
     let producer = Producer::new(&producer_config(&topics.args, "test", Duration::ZERO)).expect("producer");

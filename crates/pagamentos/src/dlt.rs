@@ -1,14 +1,14 @@
 //! `pagamentos dlt list|replay TOPIC`: inspect and re-drive dead letters of any `-dlt` topic
-//! (`CONTRACT.md` §1, §3). The work is [`kafka::dlt`]'s; this module parses, prints and
+//! (`CONTRACT.md` §1, §3). The work is [`kafka_admin::dlt`]'s; this module parses, prints and
 //! draws the progress bar.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use kafka::config::producer_config;
-use kafka::dlt::{DeadLetterTopic, Letter, Selection};
 use kafka::producer::Producer;
 use kafka::KafkaArgs;
+use kafka_admin::dlt::{DeadLetterTopic, Letter, Selection};
 
 #[derive(Debug, clap::Args)]
 pub struct DltCommand {

@@ -45,9 +45,11 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// The transfers service: REST API (port 8080), outbox relay and status projection.
-    Transferencias(services::TransfersCommand),
+    #[command(name = "transferencias")]
+    Transfers(services::TransfersCommand),
     /// The antifraud service: scores transfers inside Kafka transactions (health on 8082).
-    Antifraude(services::AntifraudCommand),
+    #[command(name = "antifraude")]
+    Antifraud(services::AntifraudCommand),
     /// The ledger: settles analysed transfers as double entries, accounts API (port 8081).
     Ledger(services::LedgerCommand),
     /// All four services in one process (the local and demo default), each on its own port:
@@ -56,7 +58,8 @@ enum Command {
     All(Box<services::AllCommand>),
     /// Notifications: one webhook per outcome event, non-blocking retry topics, then the
     /// dead-letter topic (health on 8083).
-    Notificacoes(services::NotificationsCommand),
+    #[command(name = "notificacoes")]
+    Notifications(services::NotificationsCommand),
     /// Inspect (`list`) or re-drive (`replay`) the dead letters of any `-dlt` topic.
     Dlt(dlt::DltCommand),
     /// Apply the embedded database migrations as each schema's owner (services also migrate on
@@ -177,14 +180,14 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Transferencias(args) => services::transfers(args).await,
-            Command::Antifraude(args) => services::antifraud(args).await,
+            Command::Transfers(args) => services::transfers(args).await,
+            Command::Antifraud(args) => services::antifraud(args).await,
             Command::Migrate(args) => migrate::run(args).await,
             Command::Topics(args) => topics::run(args).await,
             Command::Ledger(args) => services::ledger(args).await,
             Command::Verify(args) => verify::run(args).await,
             Command::Republish(args) => republish::run(args).await,
-            Command::Notificacoes(args) => services::notifications(args).await,
+            Command::Notifications(args) => services::notifications(args).await,
             Command::All(args) => services::all(*args).await,
             Command::Dlt(args) => dlt::run(args).await,
             Command::Loadgen(args) => load::run(*args).await,

@@ -6,8 +6,8 @@
 
 use std::process::ExitCode;
 
+use ::database::schema::Prepared;
 use anyhow::Context as _;
-use outbox::schema::Prepared;
 
 use crate::database::{connect, redacted};
 
@@ -62,7 +62,7 @@ impl MigrateArgs {
         };
         [
             (
-                Database::Transferencias,
+                Database::Transfers,
                 pick(
                     &self.transferencias_migration_database_url,
                     &self.transferencias_database_url,
@@ -83,21 +83,22 @@ impl MigrateArgs {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Database {
-    Transferencias,
+    #[value(name = "transferencias")]
+    Transfers,
     Ledger,
 }
 
 impl Database {
     fn migration_variable(self) -> &'static str {
         match self {
-            Database::Transferencias => "TRANSFERENCIAS_MIGRATION_DATABASE_URL",
+            Database::Transfers => "TRANSFERENCIAS_MIGRATION_DATABASE_URL",
             Database::Ledger => "LEDGER_MIGRATION_DATABASE_URL",
         }
     }
 
     fn migrator(self) -> &'static sqlx::migrate::Migrator {
         match self {
-            Database::Transferencias => &transfers::MIGRATOR,
+            Database::Transfers => &transfers::MIGRATOR,
             Database::Ledger => &ledger::MIGRATOR,
         }
     }
@@ -110,7 +111,7 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
         }
         let migrator = database.migrator();
         let pool = connect(&url, 1).await?;
-        let prepared = outbox::schema::migrate_or_check(&pool, migrator).await.with_context(|| {
+        let prepared = ::database::schema::migrate_or_check(&pool, migrator).await.with_context(|| {
             format!(
                 "migrating {} (the URL's role must own the schema: {})",
                 redacted(&url),

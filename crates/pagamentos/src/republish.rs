@@ -86,15 +86,15 @@ pub async fn run(args: RepublishArgs) -> anyhow::Result<ExitCode> {
     let now =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
     for transfer in &selected {
-        let age_s = now as i64 - transfer.criada_em.unix_timestamp();
+        let age_s = now as i64 - transfer.created_at.unix_timestamp();
         let what = format!("{} {} for {age_s} s", transfer.id, transfer.status);
         // decided by the ledger: its outcome event is what the transfer waits for
         let facts = ledger::settlement::Transfer {
             transfer_id: transfer.id,
-            source: transfer.conta_origem.clone(),
-            destination: transfer.conta_destino.clone(),
-            amount_cents: transfer.valor_centavos,
-            currency: transfer.moeda.clone(),
+            source: transfer.source_account.clone(),
+            destination: transfer.destination_account.clone(),
+            amount_cents: transfer.amount_cents,
+            currency: transfer.currency.clone(),
         };
         match outcomes::outcome(&ledger_pool, &facts, &outcome_topics, args.dry_run).await {
             Ok(Reemitted::NotDecided) => {}
@@ -177,8 +177,5 @@ pub async fn run(args: RepublishArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn decided(outcome: Outcome) -> String {
-    match outcome {
-        Outcome::Settled => "LIQUIDADA".into(),
-        Outcome::Rejected(reason) => format!("REJEITADA ({reason})"),
-    }
+    outcome.to_string()
 }

@@ -22,7 +22,7 @@ pub struct TopicsCommand {
 pub async fn run(args: TopicsCommand) -> anyhow::Result<ExitCode> {
     args.replication.check(&args.topics)?;
     let specs = contracts::topics::plan(&args.kafka.topic_prefix);
-    let report = kafka::topics::ensure(&args.kafka, &args.topics, &specs).await?;
+    let report = kafka_admin::topics::ensure(&args.kafka, &args.topics, &specs).await?;
     print!("{report}");
     if report.is_consistent() {
         Ok(ExitCode::SUCCESS)

@@ -1,8 +1,10 @@
 //! `pagamentos verify [--scope ledger|all]`: the books against the contract's invariants
 //! (`CONTRACT.md` §4). The ledger's own invariants (1–3) are set-based queries in
-//! [`ledger::verify`]; invariant 4 merges the two databases' settled ids and, field by field,
-//! their decided transfers (outcome, reason; amount, accounts and currency of a settlement),
-//! both read in id order, so memory stays flat however many transfers there are, and reports
+//! [`ledger::verify`]; invariant 4 reads each database through the crate that owns it
+//! ([`ledger::verify`], [`transfers::verify`]) and merges the two databases' settled ids and,
+//! field by field, their decided transfers (outcome, reason; amount, accounts and currency of a
+//! settlement), both read in id order, so memory stays flat however many transfers there are,
+//! and reports
 //! every transfer still `PENDENTE` after `--pending-older-than`: a request event lost on its
 //! way, or a stage down, ends here and not in silence.
 
@@ -16,6 +18,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use ledger::verify::{Break, CheckResult, LISTED};
+use transfers::verify::TransferRow;
 
 use crate::database::{self, DatabaseArgs};
 
@@ -76,9 +79,7 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
 
 /// Invariant 4: a transfer is `LIQUIDADA` in `transferencias` iff the ledger settled it.
 pub async fn settled_in_both(transfers: &PgPool, ledger_pool: &PgPool) -> anyhow::Result<CheckResult> {
-    let in_transfers =
-        sqlx::query_scalar::<_, Uuid>("SELECT id FROM transferencia WHERE status = 'LIQUIDADA' ORDER BY id")
-            .fetch(transfers);
+    let in_transfers = transfers::verify::settled_ids(transfers);
     let in_ledger = ledger::verify::settled_transfer_ids(ledger_pool);
     let (total, only_transfers, only_ledger) = merge_differences(in_transfers, in_ledger).await?;
 
@@ -87,9 +88,7 @@ pub async fn settled_in_both(transfers: &PgPool, ledger_pool: &PgPool) -> anyhow
         let outcome = ledger::store::outcome(ledger_pool, id).await?;
         let ledger_says = match outcome {
             None => "not decided".to_owned(),
-            Some((result, reason)) => {
-                format!("{result}{}", reason.map(|r| format!(" ({r})")).unwrap_or_default())
-            }
+            Some(outcome) => outcome.to_string(),
         };
         breaks.push(Break {
             invariant: 4,
@@ -99,11 +98,7 @@ pub async fn settled_in_both(transfers: &PgPool, ledger_pool: &PgPool) -> anyhow
         });
     }
     for id in only_ledger {
-        let status: Option<String> = sqlx::query_scalar("SELECT status FROM transferencia WHERE id = $1")
-            .bind(id)
-            .fetch_optional(transfers)
-            .await?;
-        let detail = match status {
+        let detail = match transfers::verify::status(transfers, id).await? {
             None => "settled by the ledger, unknown to transferencias".to_owned(),
             Some(status) => format!("settled by the ledger, {status} in transferencias"),
         };
@@ -121,28 +116,14 @@ pub async fn pending_too_long(
     ledger_pool: &PgPool,
     bound: Duration,
 ) -> anyhow::Result<CheckResult> {
-    const WHERE: &str = "WHERE status = 'PENDENTE' AND criada_em < now() - make_interval(secs => $1)";
-    let seconds = bound.as_secs_f64();
-    let total: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM transferencia {WHERE}"))
-        .bind(seconds)
-        .fetch_one(transfers)
-        .await?;
-    let listed: Vec<(Uuid, i64)> = sqlx::query_as(&format!(
-        "SELECT id, extract(epoch FROM now() - criada_em)::bigint FROM transferencia {WHERE} \
-         ORDER BY criada_em LIMIT $2"
-    ))
-    .bind(seconds)
-    .bind(LISTED)
-    .fetch_all(transfers)
-    .await?;
+    let (total, listed) = transfers::verify::pending_older_than(transfers, bound, LISTED).await?;
     let mut breaks = Vec::with_capacity(listed.len());
     for (id, age_s) in listed {
         let ledger_says = match ledger::store::outcome(ledger_pool, id).await? {
             None => "not decided by the ledger".to_owned(),
-            Some((result, reason)) => format!(
-                "{result}{} in the ledger: its outcome event did not reach transferencias",
-                reason.map(|r| format!(" ({r})")).unwrap_or_default()
-            ),
+            Some(outcome) => {
+                format!("{outcome} in the ledger: its outcome event did not reach transferencias")
+            }
         };
         breaks.push(Break {
             invariant: 4,
@@ -154,18 +135,6 @@ pub async fn pending_too_long(
     Ok(CheckResult { invariant: 4, check: PENDING_CHECK, rule: PENDING_RULE, total, breaks })
 }
 
-/// A transfer as `transferencia` has it, for [`decided_alike`].
-#[derive(Debug, Clone, sqlx::FromRow)]
-struct TransferRow {
-    id: Uuid,
-    conta_origem: String,
-    conta_destino: String,
-    valor_centavos: i64,
-    moeda: String,
-    status: String,
-    motivo_rejeicao: Option<String>,
-}
-
 /// Invariant 4, field by field: every transfer decided in `transferencias` and in the ledger
 /// has the same outcome (and rejection reason) in both, and a settled one moved exactly its
 /// amount, from its source to its destination, in its currency. A rejection decided on one
@@ -173,11 +142,7 @@ struct TransferRow {
 /// transfer still `PENDENTE` whose outcome the ledger has is in flight (`pending-too-long`
 /// catches it if it stays). Both sides are read in id order and merged, memory stays flat.
 pub async fn decided_alike(transfers: &PgPool, ledger_pool: &PgPool) -> anyhow::Result<CheckResult> {
-    let in_transfers = sqlx::query_as::<_, TransferRow>(
-        "SELECT id, conta_origem, conta_destino, valor_centavos, moeda::text AS moeda, status, motivo_rejeicao \
-         FROM transferencia ORDER BY id",
-    )
-    .fetch(transfers);
+    let in_transfers = transfers::verify::transfers(transfers);
     let in_ledger = ledger::verify::decisions(ledger_pool);
     let mut total = 0i64;
     let mut breaks = Vec::new();
@@ -217,7 +182,7 @@ fn disagreement(
         (None, None) => None,
         // blocked by antifraude: decided before the ledger, which never hears of it
         (Some(transfer), None)
-            if transfer.motivo_rejeicao.as_deref()
+            if transfer.rejection_reason.as_deref()
                 == Some(contracts::events::RejectionReason::BlockedByAntifraud.as_str()) =>
         {
             None
@@ -227,7 +192,7 @@ fn disagreement(
             transfer.id,
             format!(
                 "{} in transferencias, not decided by the ledger",
-                outcome(&transfer.status, transfer.motivo_rejeicao.as_deref())
+                outcome(&transfer.status, transfer.rejection_reason.as_deref())
             ),
         )),
         (None, Some(decision)) if decision.result != "LIQUIDADA" => Some((
@@ -242,10 +207,10 @@ fn disagreement(
         (Some(transfer), Some(_)) if transfer.status == "PENDENTE" => None,
         (Some(transfer), Some(decision)) => {
             let mut differences = Vec::new();
-            if transfer.status != decision.result || transfer.motivo_rejeicao != decision.reason {
+            if transfer.status != decision.result || transfer.rejection_reason != decision.reason {
                 differences.push(format!(
                     "outcome {} in transferencias, {} in the ledger",
-                    outcome(&transfer.status, transfer.motivo_rejeicao.as_deref()),
+                    outcome(&transfer.status, transfer.rejection_reason.as_deref()),
                     outcome(&decision.result, decision.reason.as_deref())
                 ));
             }
@@ -258,12 +223,12 @@ fn disagreement(
                 };
                 field(
                     "amount",
-                    transfer.valor_centavos.to_string(),
+                    transfer.amount_cents.to_string(),
                     decision.amount_cents.map(|a| a.to_string()),
                 );
-                field("source", transfer.conta_origem.clone(), decision.source.clone());
-                field("destination", transfer.conta_destino.clone(), decision.destination.clone());
-                field("currency", transfer.moeda.clone(), decision.currency.clone());
+                field("source", transfer.source_account.clone(), decision.source.clone());
+                field("destination", transfer.destination_account.clone(), decision.destination.clone());
+                field("currency", transfer.currency.clone(), decision.currency.clone());
             }
             (!differences.is_empty()).then(|| (transfer.id, differences.join("; ")))
         }

@@ -18,11 +18,11 @@ use testkit::{unique, TestTopics};
 
 const INPUTS: usize = 2_000;
 
-fn antifraude(topics: &TestTopics, transactional_prefix: &str) -> Child {
-    antifraude_instance(topics, transactional_prefix, "crash-test")
+fn antifraud(topics: &TestTopics, transactional_prefix: &str) -> Child {
+    antifraud_instance(topics, transactional_prefix, "crash-test")
 }
 
-fn antifraude_instance(topics: &TestTopics, transactional_prefix: &str, instance: &str) -> Child {
+fn antifraud_instance(topics: &TestTopics, transactional_prefix: &str, instance: &str) -> Child {
     common::service(topics, "antifraude")
         .env("ANTIFRAUDE_LISTEN", "127.0.0.1:0")
         .env("TRANSACTIONAL_ID_PREFIX", transactional_prefix)
@@ -90,14 +90,14 @@ async fn sigkill_mid_stream_twice_leaves_exactly_one_output_per_input() {
     let transactional_prefix = unique("tx-crash");
     let ids: Vec<Uuid> = (0..INPUTS).map(|_| Uuid::new_v4()).collect();
     let feeding = testkit::feed_requests(&topics, ids.clone(), Duration::from_millis(100));
-    let mut service = antifraude(&topics, &transactional_prefix);
+    let mut service = antifraud(&topics, &transactional_prefix);
     // each instance killed once it has committed inputs of its own
     let mut committed = 0;
     for _ in 0..2 {
         committed += 200;
         inputs_committed(&topics, committed).await;
         service.kill().await.expect("SIGKILL");
-        service = antifraude(&topics, &transactional_prefix);
+        service = antifraud(&topics, &transactional_prefix);
     }
     feeding.await.expect("feed");
     every_input_answered(&topics).await;
@@ -112,8 +112,8 @@ async fn when_one_of_two_instances_dies_the_other_takes_over_without_duplicates(
     let topics = TestTopics::plan(3).await;
     let transactional_prefix = unique("tx-pair");
     let ids: Vec<Uuid> = (0..INPUTS).map(|_| Uuid::new_v4()).collect();
-    let mut first = antifraude_instance(&topics, &transactional_prefix, "first");
-    let mut second = antifraude_instance(&topics, &transactional_prefix, "second");
+    let mut first = antifraud_instance(&topics, &transactional_prefix, "first");
+    let mut second = antifraud_instance(&topics, &transactional_prefix, "second");
     let feeding = testkit::feed_requests(&topics, ids.clone(), Duration::from_millis(100));
     // the first dies once the pair is at work
     inputs_committed(&topics, 300).await;
@@ -135,7 +135,7 @@ async fn a_resumed_zombie_with_the_same_transactional_id_is_fenced() {
     let transactional_prefix = unique("tx-zombie");
     let ids: Vec<Uuid> = (0..INPUTS).map(|_| Uuid::new_v4()).collect();
     let feeding = testkit::feed_requests(&topics, ids.clone(), Duration::from_millis(100));
-    let mut zombie = antifraude_instance(&topics, &transactional_prefix, "same");
+    let mut zombie = antifraud_instance(&topics, &transactional_prefix, "same");
     // freeze it once it is committing outputs: it then holds a batch, maybe a transaction
     let outputs = [topics.topic(topics::ANALYSED), topics.topic(topics::REJECTED)];
     let written = || async {
@@ -161,7 +161,7 @@ async fn a_resumed_zombie_with_the_same_transactional_id_is_fenced() {
     signal("-STOP", zombie_pid).await;
     let frozen_at = written().await;
     // the replacement, same transactional id: it fences the frozen one and carries on
-    let mut replacement = antifraude_instance(&topics, &transactional_prefix, "same");
+    let mut replacement = antifraud_instance(&topics, &transactional_prefix, "same");
     testkit::eventually("the replacement's outputs", testkit::PATIENCE, || async {
         (written().await >= frozen_at + 200).then_some(())
     })

@@ -127,7 +127,7 @@ async fn topics_twice_is_idempotent_and_a_difference_exits_1() {
     };
     let names: Vec<String> = contracts::topics::plan(&prefix).into_iter().map(|spec| spec.name).collect();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    kafka::topics::delete(&args, &names).await.expect("clean up");
+    kafka_admin::topics::delete(&args, &names).await.expect("clean up");
 }
 
 #[test]

@@ -333,7 +333,7 @@ async fn only_the_operator_creates_topics() {
 
     let (code, output) = topics_command("operador", &prefix).await;
     let names_ref: Vec<&str> = names.iter().map(String::as_str).collect();
-    kafka::topics::delete(&cleanup, &names_ref).await.expect("delete the test's topics");
+    kafka_admin::topics::delete(&cleanup, &names_ref).await.expect("delete the test's topics");
     assert_eq!(code, 0, "{output}");
     assert_eq!(output.matches("created").count(), names.len(), "{output}");
 }

@@ -155,10 +155,12 @@ async fn dead_letters_are_replayed_once_and_never_twice() {
     }
     let dead_letter_topic = topics.topic("transferencias.liquidada-dlt");
     let retained = |topic: String, args: kafka::KafkaArgs| async move {
-        tokio::task::spawn_blocking(move || kafka::dlt::DeadLetterTopic::open(&args, &topic)?.retained())
-            .await
-            .expect("task")
-            .expect("retained")
+        tokio::task::spawn_blocking(move || {
+            kafka_admin::dlt::DeadLetterTopic::open(&args, &topic)?.retained()
+        })
+        .await
+        .expect("task")
+        .expect("retained")
     };
     assert_eq!(retained(dead_letter_topic.clone(), topics.args.clone()).await, 3);
 
@@ -326,7 +328,7 @@ async fn a_spring_dead_letter_with_a_value_per_hop_is_listed_by_its_last_and_rep
         .collect();
     let mut expected = letter.headers.clone();
     expected.push((
-        kafka::dlt::REPLAYED_FROM.to_owned(),
+        kafka_admin::dlt::REPLAYED_FROM.to_owned(),
         format!("{}/{partition}/{offset}", topics.topic("transferencias.liquidada-dlt")).into_bytes(),
     ));
     assert_eq!(headers, expected, "the replayed record's headers");

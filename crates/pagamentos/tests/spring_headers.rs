@@ -64,7 +64,7 @@ fn notifications(topics: &TestTopics, url: &str) -> Child {
         .expect("start pagamentos notificacoes")
 }
 
-fn antifraude(topics: &TestTopics) -> Child {
+fn antifraud_service(topics: &TestTopics) -> Child {
     common::service(topics, "antifraude")
         .env("ANTIFRAUDE_LISTEN", "127.0.0.1:0")
         .env("TRANSACTIONAL_ID_PREFIX", unique("tx-headers"))
@@ -114,8 +114,8 @@ async fn kafka_clients_read_our_retry_records_and_dead_letters_as_spring_does() 
     let topics = TestTopics::plan(3).await;
     let (receiver, url) = Receiver::start().await;
     receiver.answer_by_default(Reply::Status(503));
-    let mut notificacoes = notifications(&topics, &url);
-    let mut antifraud = antifraude(&topics);
+    let mut notifier = notifications(&topics, &url);
+    let mut antifraud = antifraud_service(&topics);
     let producer = Producer::new(&kafka::config::producer_config(&topics.args, "test", Duration::ZERO))
         .expect("producer");
 
@@ -154,8 +154,8 @@ async fn kafka_clients_read_our_retry_records_and_dead_letters_as_spring_does() 
     assert!(passed, "HeaderCheck.java found headers kafka-clients cannot read as Spring does:\n{output}");
     assert!(output.contains(" checks, 0 failed"), "{output}");
 
-    notificacoes.start_kill().expect("SIGKILL notificacoes");
+    notifier.start_kill().expect("SIGKILL notificacoes");
     antifraud.start_kill().expect("SIGKILL antifraude");
-    notificacoes.wait().await.expect("reaped");
+    notifier.wait().await.expect("reaped");
     antifraud.wait().await.expect("reaped");
 }

@@ -135,7 +135,7 @@ async fn a_settler_that_stops_takes_the_process_down_with_a_non_zero_exit() {
     }
     // the process is gone: whatever it dead-lettered is in the topic by now
     let dead_letter_topic = topics::dead_letter_topic(&topics.topic(topics::ANALYSED));
-    let retained = kafka::dlt::DeadLetterTopic::open(&topics.args, &dead_letter_topic)
+    let retained = kafka_admin::dlt::DeadLetterTopic::open(&topics.args, &dead_letter_topic)
         .and_then(|topic| topic.retained())
         .expect("read the dead-letter topic");
     assert_eq!(retained, 0, "dead-lettered instead of stopping");

@@ -153,7 +153,7 @@ async fn one_trace_follows_a_transfer_through_every_hop() {
     assert_eq!(system.final_status(&id).await.0, "LIQUIDADA");
 
     // every hop exported a span of that one trace, naming the transfer where it knows it
-    let hops = ["outbox.publish", "analyse", "settle", "projecao", "notificacoes.entregar"];
+    let hops = ["outbox.publish", "analyse", "settle", "project", "notifications.deliver"];
     let deadline = tokio::time::Instant::now() + testkit::PATIENCE;
     let spans = loop {
         let spans: Vec<_> =
@@ -170,7 +170,7 @@ async fn one_trace_follows_a_transfer_through_every_hop() {
     };
     let names: Vec<&str> = spans.iter().map(|span| span.name.as_str()).collect();
     assert!(names.contains(&"create"), "no span of the HTTP request: {names:?}");
-    for hop in ["create", "analyse", "settle", "projecao", "notificacoes.entregar"] {
+    for hop in ["create", "analyse", "settle", "project", "notifications.deliver"] {
         let span = spans.iter().find(|span| span.name == hop).expect("hop");
         assert_eq!(span.attributes.get("transfer_id"), Some(&id), "{hop} names the transfer");
     }
@@ -302,10 +302,10 @@ async fn every_contract_metric_is_served_after_traffic() {
         "transferencias_total{resultado=\"LIQUIDADA\"} 1".to_owned(),
         "http_server_request_duration_seconds_bucket".to_owned(),
         "kafka_batch_handling_seconds_bucket".to_owned(),
-        "antifraude_transaction_seconds_bucket".to_owned(),
-        "ledger_liquidacao_seconds_bucket".to_owned(),
+        "antifraud_transaction_seconds_bucket".to_owned(),
+        "ledger_settlement_seconds_bucket".to_owned(),
         "outbox_delivery_seconds_bucket".to_owned(),
-        "notificacoes_webhook_seconds_bucket".to_owned(),
+        "notifications_webhook_seconds_bucket".to_owned(),
     ];
     let url = format!("http://127.0.0.1:{}/metrics", system.ports[0]);
     let missing = testkit::eventually("every contract metric", testkit::PATIENCE, || async {

@@ -22,8 +22,22 @@ async fn books() -> (Books, Uuid) {
         ledger: TestDatabase::create(&ledger::MIGRATOR).await,
         transfers: TestDatabase::create(&transfers::MIGRATOR).await,
     };
-    store::create_account(&books.ledger.pool, "A", "BRL", 1_000).await.expect("account");
-    store::create_account(&books.ledger.pool, "B", "BRL", 0).await.expect("account");
+    store::create_account(
+        &books.ledger.pool,
+        "A",
+        &contracts::Currency::parse("BRL").expect("currency"),
+        contracts::Cents::new(1_000),
+    )
+    .await
+    .expect("account");
+    store::create_account(
+        &books.ledger.pool,
+        "B",
+        &contracts::Currency::parse("BRL").expect("currency"),
+        contracts::Cents::new(0),
+    )
+    .await
+    .expect("account");
     let (settled, rejected) = (Uuid::new_v4(), Uuid::new_v4());
     books.settle(&[(settled, 300), (rejected, 5_000)]).await;
     books.transfer(settled, "LIQUIDADA").await;
@@ -42,7 +56,7 @@ impl Books {
                     transfer_id: *transfer_id,
                     source: "A".into(),
                     destination: "B".into(),
-                    amount_cents: *amount_cents,
+                    amount_cents: contracts::Cents::new(*amount_cents),
                     currency: "BRL".into(),
                 },
                 traceparent: None,

@@ -200,7 +200,7 @@ impl TestTopics {
         args.topic_prefix = format!("{}.", unique("t"));
         let specs = contracts::topics::plan(&args.topic_prefix);
         let settings = kafka::TopicArgs { partitions, replicas };
-        let report = kafka::topics::ensure(&args, &settings, &specs).await.expect("create test topics");
+        let report = kafka_admin::topics::ensure(&args, &settings, &specs).await.expect("create test topics");
         assert!(report.is_consistent(), "{report}");
         Self { names: specs.into_iter().map(|spec| spec.name).collect(), args }
     }
@@ -218,7 +218,7 @@ impl TestTopics {
             })
             .collect();
         let settings = kafka::TopicArgs { partitions, replicas: 1 };
-        let report = kafka::topics::ensure(&args, &settings, &specs).await.expect("create test topics");
+        let report = kafka_admin::topics::ensure(&args, &settings, &specs).await.expect("create test topics");
         assert!(report.is_consistent(), "{report}");
         Self { names: specs.into_iter().map(|spec| spec.name).collect(), args }
     }
@@ -235,7 +235,7 @@ impl Drop for TestTopics {
         let names = std::mem::take(&mut self.names);
         let deleted = std::thread::spawn(move || {
             let names: Vec<&str> = names.iter().map(String::as_str).collect();
-            futures::executor::block_on(kafka::topics::delete(&args, &names))
+            futures::executor::block_on(kafka_admin::topics::delete(&args, &names))
         })
         .join();
         if let Ok(Err(error)) = deleted {
@@ -307,7 +307,7 @@ pub async fn records_written(args: &kafka::KafkaArgs, topic: &str) -> i64 {
         let consumer: BaseConsumer<kafka::context::Context> =
             kafka::context::create(&config).expect("watermark reader");
         let timeout = Duration::from_secs(30);
-        let partitions = kafka::topics::partitions(consumer.client(), &topic, timeout).expect("metadata");
+        let partitions = kafka::metadata::partitions(consumer.client(), &topic, timeout).expect("metadata");
         assert!(!partitions.is_empty(), "{topic} does not exist");
         // a busy broker may answer a transient error (e.g. NotLeaderForPartition): ask again
         let high = |partition: i32| {
@@ -346,7 +346,7 @@ pub async fn read_to_end(args: &kafka::KafkaArgs, topic: &str) -> Vec<kafka::rdk
         .set("enable.partition.eof", "true");
     let reader: kafka::consumer::KafkaConsumer = kafka::context::create(&config).expect("reader");
     let partitions =
-        kafka::topics::partitions(reader.client(), topic, Duration::from_secs(30)).expect("metadata");
+        kafka::metadata::partitions(reader.client(), topic, Duration::from_secs(30)).expect("metadata");
     assert!(!partitions.is_empty(), "{topic} does not exist");
     let mut assignment = TopicPartitionList::new();
     for partition in &partitions {
@@ -395,7 +395,7 @@ async fn group_progress(
         let mut ends = Vec::new();
         let mut partitions = TopicPartitionList::new();
         for topic in &topics {
-            let ids = kafka::topics::partitions(reader.client(), topic, timeout)
+            let ids = kafka::metadata::partitions(reader.client(), topic, timeout)
                 .map_err(|error| error.to_string())?;
             assert!(!ids.is_empty(), "{topic} does not exist");
             for partition in ids {

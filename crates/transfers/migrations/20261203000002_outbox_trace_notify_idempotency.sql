@@ -1,17 +1,10 @@
 -- What the features add to the article's schema (CONTRACT.md §4).
 
 -- W3C trace context of the request that wrote the event: the relay sends it as headers.
-ALTER TABLE outbox_evento ADD COLUMN traceparent TEXT, ADD COLUMN tracestate TEXT;
+--! outbox:trace_columns
 
 -- Any writer (ours or a Java service on the same table) wakes the relay at once.
-CREATE FUNCTION outbox_evento_notificar() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('outbox_evento', '');
-    RETURN NULL;
-END
-$$;
-CREATE TRIGGER outbox_evento_notificar AFTER INSERT ON outbox_evento
-    FOR EACH STATEMENT EXECUTE FUNCTION outbox_evento_notificar();
+--! outbox:notify
 
 -- Idempotency-Key (IETF draft): one row per (caller, key), written in the transaction that
 -- creates the transfer; the request body's hash tells a replay from a misuse.

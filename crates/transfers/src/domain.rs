@@ -1,10 +1,11 @@
 //! A transfer request and its validation (`CONTRACT.md` §2): every rule is checked and every
 //! broken one reported, so a client fixes its request in one round trip.
 
+use contracts::Cents;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-pub use web::fields::{is_active_currency, validate_account_id, validate_account_syntax};
+pub use contracts::domain::{is_active_currency, validate_account_id, validate_account_syntax};
 pub use web::FieldError;
 
 /// A request that passed every rule.
@@ -12,7 +13,7 @@ pub use web::FieldError;
 pub struct TransferRequest {
     pub source_account: String,
     pub destination_account: String,
-    pub amount_cents: i64,
+    pub amount_cents: Cents,
     pub currency: String,
 }
 
@@ -37,11 +38,13 @@ impl TransferRequest {
                 None
             }
             Some(Value::Number(number)) => match number.as_i64() {
-                Some(cents) if cents > 0 => Some(cents),
-                Some(_) => {
-                    errors.push(FieldError::new("valorEmCentavos", "must be greater than 0"));
-                    None
-                }
+                Some(cents) => match Cents::amount(cents) {
+                    Ok(cents) => Some(cents),
+                    Err(_) => {
+                        errors.push(FieldError::new("valorEmCentavos", "must be greater than 0"));
+                        None
+                    }
+                },
                 None if number.is_u64() => {
                     errors.push(FieldError::new("valorEmCentavos", "must be at most 9223372036854775807"));
                     None
@@ -110,29 +113,8 @@ fn account(object: &Map<String, Value>, field: &'static str, errors: &mut Vec<Fi
     None
 }
 
-/// `status` of a transfer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    Pending,
-    Settled,
-    Rejected,
-}
-
-impl Status {
-    pub const ALL: [Status; 3] = [Self::Pending, Self::Settled, Self::Rejected];
-
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Self::Pending => "PENDENTE",
-            Self::Settled => "LIQUIDADA",
-            Self::Rejected => "REJEITADA",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|status| status.as_str() == text)
-    }
-}
+/// `status` of a transfer: the domain type (an unknown spelling is an error, never `PENDENTE`).
+pub use contracts::TransferStatus as Status;
 
 #[cfg(test)]
 mod tests {
@@ -165,7 +147,7 @@ mod tests {
         let request = TransferRequest::parse(&body).expect("valid");
         assert_eq!(request.source_account, "CC-001");
         assert_eq!(request.destination_account, "CC_002");
-        assert_eq!(request.amount_cents, 30000);
+        assert_eq!(request.amount_cents, Cents::new(30000));
         assert_eq!(request.currency, "BRL");
     }
 
@@ -232,7 +214,7 @@ mod tests {
         ) {
             let body = json!({"contaOrigem": source, "contaDestino": "X", "valorEmCentavos": amount, "moeda": currency});
             match TransferRequest::parse(&body) {
-                Ok(request) => prop_assert!(request.amount_cents > 0),
+                Ok(request) => prop_assert!(request.amount_cents.is_positive()),
                 Err(errors) => prop_assert!(!errors.is_empty()),
             }
         }

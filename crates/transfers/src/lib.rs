@@ -10,7 +10,9 @@
 //! - [`projection`]: outcome events → final status (group `transferencias-projecao`).
 //! - [`republish`]: a stuck transfer's request event written to the outbox again
 //!   (`pagamentos republish`).
-//! - `migrations/`: the schema, embedded as [`MIGRATOR`].
+//! - [`verify`]: what `pagamentos verify` reads here for invariant 4.
+//! - `migrations/`: the schema, embedded as [`MIGRATOR`] with the outbox's table
+//!   (`outbox::migrations`).
 //! - [`start`]: wires the API, the outbox relay, the backlog gauges and the projection.
 //!
 //! # Architecture invariant
@@ -23,6 +25,7 @@ pub mod error;
 pub mod projection;
 pub mod republish;
 pub mod store;
+pub mod verify;
 pub mod writer;
 
 use std::net::SocketAddr;
@@ -41,8 +44,10 @@ use outbox::relay::{Relay, RelayOptions};
 
 pub use error::Error;
 
-/// The `transferencias` database's migrations, applied by `pagamentos migrate` and on start.
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+/// The `transferencias` database's migrations with the outbox's (`outbox::migrations`), applied by
+/// `pagamentos migrate` and on start.
+pub static MIGRATOR: std::sync::LazyLock<sqlx::migrate::Migrator> =
+    std::sync::LazyLock::new(|| outbox::migrations::with_outbox(&sqlx::migrate!("./migrations")));
 
 /// The stack's `transferencias` database, reached as its runtime role `transferencias_app` (a
 /// member of `transferencias_runtime`, which the migrations allow to read and write rows but not
@@ -204,10 +209,10 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
         tracing::warn!("TRANSFERENCIAS_IDEMPOTENCY_KEY_REQUIRED=false: a client that retries without an Idempotency-Key after a lost answer may create a transfer twice");
     }
     let pool = database::connect(&args.database_url, &args.pool_settings()).await?;
-    // migrates as the schema's owner; a runtime role only checks (outbox::schema)
-    outbox::schema::migrate_or_check(&pool, &MIGRATOR).await?;
+    // migrates as the schema's owner; a runtime role only checks (database::schema)
+    database::schema::migrate_or_check(&pool, &MIGRATOR).await?;
 
-    kafka::topics::ensure_at_start(&kafka, &topic_args).await?;
+    kafka_admin::topics::ensure_at_start(&kafka, &topic_args).await?;
 
     let producer = Producer::new(&producer_config(&kafka, "transferencias", profile.linger()))?;
     let backlog = outbox::metrics::Backlog::default();
@@ -226,7 +231,7 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
         tokens: tokens.clone(),
     };
     let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> = vec![
-        Arc::new(outbox::health::DatabaseReady::new(pool.clone())),
+        Arc::new(database::health::DatabaseReady::new(pool.clone())),
         Arc::new(kafka::health::KafkaReady::new(producer.clone(), kafka.topic(topics::REQUESTED))),
     ];
     let readiness = telemetry::health::Readiness::new(checks, tokens.readiness_detail())
@@ -269,7 +274,7 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
     );
     supervisor.spawn(
         "transferencias/dlt-gauges",
-        kafka::dlt::report_retained(
+        kafka_admin::dlt::report_retained(
             kafka.clone(),
             vec![topics::dead_letter_topic(&settled), topics::dead_letter_topic(&rejected)],
             kafka::lag::REFRESH_INTERVAL,
@@ -298,4 +303,29 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
         }
     });
     Ok(bound)
+}
+
+#[cfg(test)]
+mod migration_tests {
+    /// Version and SHA-384 of every migration as deployed databases recorded them (before the
+    /// outbox owned its table): sqlx refuses to start on any difference.
+    #[test]
+    fn migrations_keep_the_checksums_deployed_databases_recorded() {
+        let recorded = [
+            (20261203000001, "2352601c291942a31de0ed9667e9bcaf07e036e88858d60c9a7446d5b9fff16c1697a5c2118dc1b32e43c100cf7fdef6"),
+            (20261203000002, "1fa74c58f84fe19db9766b38ddf98c1498fbe5cd275f2c35e1977913e6a8e2e743fabfd48bd22af04b2bf263c4bcd55f"),
+            (20261203000003, "859978ef3f56b8e2df40ef1eacac6ff0e62cadff3ccfae346413dad45d743c639f3cd6550242901ad83a3ba4f1d2d32e"),
+            (20261203000004, "10cb8b556d5bf3d7d04b67f2084fbf74e76902710290483ee542d14c91f7a7aa4b33e8479e200fabdec54e18ad6e78f6"),
+            (20261205000001, "90eaba260565a7412879872ef96b98e7679eafdf8f18e45bf9d0bf5032d5438d440cd1b2f1abfb4eb51b492c4b10dd7c"),
+        ];
+        let carried: Vec<(i64, String)> = super::MIGRATOR
+            .iter()
+            .map(|migration| {
+                (migration.version, migration.checksum.iter().map(|byte| format!("{byte:02x}")).collect())
+            })
+            .collect();
+        let recorded: Vec<(i64, String)> =
+            recorded.iter().map(|(version, checksum)| (*version, (*checksum).to_owned())).collect();
+        assert_eq!(carried, recorded);
+    }
 }

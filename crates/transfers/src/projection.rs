@@ -3,7 +3,7 @@
 //!
 //! Idempotent and order-proof: only a `PENDENTE` transfer changes, so a duplicated or late
 //! event never overwrites a final status. An event for a transfer this database does not know
-//! is logged and counted (`projecao_transferencias_desconhecidas_total`), not retried forever.
+//! is logged and counted (`projection_unknown_transfers_total`), not retried forever.
 //! A record that is not a valid event goes to `<topic>-dlt` at once.
 
 use kafka::rdkafka::message::{Message, OwnedMessage};
@@ -13,9 +13,9 @@ use kafka::consumer::{Handler, Verdict};
 use kafka::dead_letter::{DeadLetterPublisher, Failure};
 use sqlx::PgPool;
 
-use crate::domain::Status;
 use crate::error::StoreError;
 use crate::store::{self, Outcome};
+use contracts::Outcome as Decided;
 
 /// The `kafka_dlt-exception-fqcn` of an unreadable outcome event: the type path of
 /// [`contracts::MalformedEvent`] (a unit test holds them equal).
@@ -47,13 +47,11 @@ impl Projection {
         let payload = record.payload().unwrap_or_default();
         Ok(match OutcomeEvent::decode(record.topic() == self.settled_topic, payload)? {
             OutcomeEvent::Settled(event) => {
-                Outcome { transfer_id: event.transfer_id, status: Status::Settled, reason: None }
+                Outcome { transfer_id: event.transfer_id, decided: Decided::Settled }
             }
-            OutcomeEvent::Rejected(event) => Outcome {
-                transfer_id: event.transfer_id,
-                status: Status::Rejected,
-                reason: Some(event.reason.as_str().to_owned()),
-            },
+            OutcomeEvent::Rejected(event) => {
+                Outcome { transfer_id: event.transfer_id, decided: Decided::Rejected(event.reason) }
+            }
         })
     }
 }
@@ -72,9 +70,9 @@ impl Handler for Projection {
             match self.decode(record) {
                 Ok(outcome) => {
                     // the projection's hop in the transfer's trace
-                    let span = tracing::info_span!("projecao", transfer_id = %outcome.transfer_id, topic = record.topic());
+                    let span = tracing::info_span!("project", transfer_id = %outcome.transfer_id, topic = record.topic());
                     kafka::trace::continue_from(&span, record);
-                    span.in_scope(|| tracing::debug!(status = outcome.status.as_str(), "outcome read"));
+                    span.in_scope(|| tracing::debug!(status = outcome.decided.result(), "outcome read"));
                     outcomes.push(outcome)
                 }
                 Err(error) => poison.push((record, error)),
@@ -83,17 +81,18 @@ impl Handler for Projection {
         if !outcomes.is_empty() {
             let projected = store::project(&self.pool, &outcomes).await?;
             for (transfer_id, status) in &projected.updated {
-                let resultado = status.as_str();
-                metrics::counter!("transferencias_total", "resultado" => resultado).increment(1);
-                tracing::debug!(%transfer_id, resultado, "transfer status projected");
+                let status = status.as_str();
+                metrics::counter!("transferencias_total", "resultado" => status).increment(1);
+                tracing::debug!(%transfer_id, status, "transfer status projected");
             }
             for transfer_id in &projected.unknown {
-                metrics::counter!("projecao_transferencias_desconhecidas_total").increment(1);
+                metrics::counter!("projection_unknown_transfers_total").increment(1);
                 tracing::warn!(%transfer_id, "outcome for an unknown transfer ignored");
             }
         }
         for (record, error) in poison {
-            let failure = Failure::new(MALFORMED_EVENT, std::any::type_name::<serde_json::Error>(), &error);
+            // the cause named from the error held, as Spring names the cause's class
+            let failure = Failure::new(MALFORMED_EVENT, std::any::type_name_of_val(&error.source), &error);
             self.dead_letters.publish(record, &failure).await?;
         }
         Ok(Verdict::all_done(batch))

@@ -55,11 +55,11 @@ pub fn request_event(transfer: &Transfer, event_id: Uuid) -> TransferRequested {
     TransferRequested {
         event_id,
         transfer_id: transfer.id,
-        source_account: transfer.conta_origem.clone(),
-        destination_account: transfer.conta_destino.clone(),
-        amount_cents: transfer.valor_centavos,
-        currency: transfer.moeda.clone(),
-        created_at: Timestamp::from(transfer.criada_em),
+        source_account: transfer.source_account.clone(),
+        destination_account: transfer.destination_account.clone(),
+        amount_cents: transfer.amount_cents,
+        currency: transfer.currency.clone(),
+        created_at: Timestamp::from(transfer.created_at),
     }
 }
 
@@ -99,7 +99,7 @@ pub async fn republish(pool: &PgPool, transfer: &Transfer, topic: &str) -> Resul
         &outbox::NewEvent {
             id: event.event_id,
             topic,
-            key: &transfer.conta_origem,
+            key: &transfer.source_account,
             event_type: EventType::TransferRequested.as_str(),
             payload: &payload,
             traceparent: None,

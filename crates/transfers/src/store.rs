@@ -7,23 +7,64 @@ use sqlx::{PgPool, Postgres, Transaction};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use contracts::{EventType, Timestamp, TransferRequested};
+use contracts::{Cents, EventType, Timestamp, TransferRequested, TransferStatus};
 
 use crate::domain::{Status, TransferRequest};
-use crate::error::StoreError;
+
+/// A status that is not one of `transferencia`'s: the database holds what this binary does not
+/// know (a newer writer, a hand edit); never read as `PENDENTE`.
+pub type UnknownStatus = contracts::domain::UnknownName;
+use crate::error::{Refusal, StoreError};
 
 /// A row of `transferencia`.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct Transfer {
     pub id: Uuid,
-    pub conta_origem: String,
-    pub conta_destino: String,
-    pub valor_centavos: i64,
-    pub moeda: String,
-    pub status: String,
-    pub motivo_rejeicao: Option<String>,
-    pub criada_em: OffsetDateTime,
-    pub atualizada_em: OffsetDateTime,
+    #[sqlx(rename = "conta_origem")]
+    pub source_account: String,
+    #[sqlx(rename = "conta_destino")]
+    pub destination_account: String,
+    #[sqlx(rename = "valor_centavos", try_from = "i64")]
+    pub amount_cents: Cents,
+    #[sqlx(rename = "moeda")]
+    pub currency: String,
+    /// An unknown spelling in the row fails the read (`sqlx::Error::ColumnDecode`).
+    #[sqlx(try_from = "StatusColumn")]
+    pub status: TransferStatus,
+    #[sqlx(rename = "motivo_rejeicao")]
+    pub rejection_reason: Option<String>,
+    #[sqlx(rename = "criada_em")]
+    pub created_at: OffsetDateTime,
+    #[sqlx(rename = "atualizada_em")]
+    pub updated_at: OffsetDateTime,
+}
+
+/// `transferencia.status` as read: a [`TransferStatus`], or a decode error that names the
+/// spelling this binary does not know (its source is [`UnknownStatus`]).
+#[derive(Debug)]
+pub struct StatusColumn(TransferStatus);
+
+impl sqlx::Type<Postgres> for StatusColumn {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <String as sqlx::Type<Postgres>>::type_info()
+    }
+
+    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+        <String as sqlx::Type<Postgres>>::compatible(ty)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, Postgres> for StatusColumn {
+    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        let text = <&str as sqlx::Decode<Postgres>>::decode(value)?;
+        Ok(Self(TransferStatus::parse(text)?))
+    }
+}
+
+impl From<StatusColumn> for TransferStatus {
+    fn from(column: StatusColumn) -> Self {
+        column.0
+    }
 }
 
 /// An Idempotency-Key as stored: scoped by caller, bound to the request's fingerprint.
@@ -150,12 +191,12 @@ async fn create_in(
         match held {
             // nothing committed in the way: either a request not committed yet holds the key's
             // lock, or the cleanup (which takes no lock) deleted an expired row since the claim
-            None if !key_lock(tx, key).await? => return Ok(Err(StoreError::KeyInFlight)),
+            None if !key_lock(tx, key).await? => return Ok(Err(Refusal::KeyInFlight.into())),
             None => {}
             Some((_, _, true)) => {
                 // only the lock's holder may delete: another deleting it is in flight
                 if !key_lock(tx, key).await? {
-                    return Ok(Err(StoreError::KeyInFlight));
+                    return Ok(Err(Refusal::KeyInFlight.into()));
                 }
                 // gone already if the cleanup got there first: the claim is retried either way
                 sqlx::query(
@@ -168,14 +209,14 @@ async fn create_in(
             }
             Some((fingerprint, transfer_id, false)) => {
                 if fingerprint != key.fingerprint {
-                    return Ok(Err(StoreError::KeyReused));
+                    return Ok(Err(Refusal::KeyReused.into()));
                 }
                 let transfer = find(&mut **tx, transfer_id).await?;
                 return Ok(transfer.map(Created::Replayed).ok_or(StoreError::KeyWithoutTransfer));
             }
         }
     }
-    Ok(Err(StoreError::KeyInFlight))
+    Ok(Err(Refusal::KeyInFlight.into()))
 }
 
 /// Takes `key`'s transaction-scoped advisory lock without waiting (`true` if this transaction
@@ -219,7 +260,7 @@ async fn insert_transfer(
         .bind(id)
         .bind(&request.source_account)
         .bind(&request.destination_account)
-        .bind(request.amount_cents)
+        .bind(request.amount_cents.get())
         .bind(&request.currency)
         .bind(Status::Pending.as_str())
         .bind(created_at.as_offset_date_time());
@@ -323,8 +364,7 @@ pub async fn delete_expired_keys(pool: &PgPool) -> Result<u64, StoreError> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
     pub transfer_id: Uuid,
-    pub status: Status,
-    pub reason: Option<String>,
+    pub decided: contracts::Outcome,
 }
 
 /// What projecting a batch of outcomes did.
@@ -344,8 +384,8 @@ pub async fn project(pool: &PgPool, outcomes: &[Outcome]) -> Result<Projected, S
     let mut seen = std::collections::HashSet::new();
     let unique: Vec<&Outcome> = outcomes.iter().filter(|outcome| seen.insert(outcome.transfer_id)).collect();
     let ids: Vec<Uuid> = unique.iter().map(|outcome| outcome.transfer_id).collect();
-    let statuses: Vec<&str> = unique.iter().map(|outcome| outcome.status.as_str()).collect();
-    let reasons: Vec<Option<&str>> = unique.iter().map(|outcome| outcome.reason.as_deref()).collect();
+    let statuses: Vec<&str> = unique.iter().map(|outcome| outcome.decided.result()).collect();
+    let reasons: Vec<Option<&str>> = unique.iter().map(|outcome| outcome.decided.reason()).collect();
     let mut tx = pool.begin().await?;
     let updated: Vec<(Uuid, String)> = sqlx::query_as(
         "UPDATE transferencia AS t SET status = u.status, motivo_rejeicao = u.motivo, atualizada_em = now() \
@@ -369,12 +409,9 @@ pub async fn project(pool: &PgPool, outcomes: &[Outcome]) -> Result<Projected, S
     };
     tx.commit().await?;
     let unknown: Vec<Uuid> = rest.iter().copied().filter(|id| !known.contains(id)).collect();
-    Ok(Projected {
-        updated: updated
-            .into_iter()
-            .map(|(id, status)| (id, Status::parse(&status).unwrap_or(Status::Pending)))
-            .collect(),
-        already_final: known.len(),
-        unknown,
-    })
+    let updated = updated
+        .into_iter()
+        .map(|(id, status)| Ok((id, Status::parse(&status)?)))
+        .collect::<Result<_, UnknownStatus>>()?;
+    Ok(Projected { updated, already_final: known.len(), unknown })
 }

@@ -1,8 +1,8 @@
 //! How the API writes accepted transfers: one transaction per request (the `reference`
 //! profile, as the article does), or a group commit (`fast`).
 //!
-//! Group commit: a few writer tasks take requests from one queue; each takes what is waiting
-//! (up to [`MAX_BATCH`]) and writes it in one transaction with [`store::create_batch`], so
+//! Group commit: a few writer tasks take requests from one queue (a multi-consumer `flume`
+//! channel); each takes what is waiting (up to [`MAX_BATCH`]) and writes it in one transaction with [`store::create_batch`], so
 //! requests that arrive while a transaction is open share the next commit (one WAL flush)
 //! instead of queueing for a connection each. A lone request is written at once: at low load a
 //! batch holds one request and adds only a hop between tasks. Every request still gets its own
@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use sqlx::PgPool;
-use tokio::sync::{mpsc, oneshot, Mutex};
+use tokio::sync::oneshot;
 
 use crate::error::StoreError;
 use crate::store::{self, Created, NewTransfer};
@@ -27,7 +27,7 @@ pub const WRITERS: usize = 4;
 pub struct Writer {
     pool: PgPool,
     /// `None`: each request in its own transaction, on the caller's task.
-    queue: Option<mpsc::Sender<Job>>,
+    queue: Option<flume::Sender<Job>>,
 }
 
 #[derive(Debug)]
@@ -45,8 +45,7 @@ impl Writer {
     /// Group commit with [`WRITERS`] tasks, spawned here. They end when every clone of the
     /// writer is gone (the API's router dropped at shutdown, its requests answered).
     pub fn batched(pool: PgPool) -> Self {
-        let (queue, jobs) = mpsc::channel(WRITERS * MAX_BATCH);
-        let jobs = Arc::new(Mutex::new(jobs));
+        let (queue, jobs) = flume::bounded(WRITERS * MAX_BATCH);
         for _ in 0..WRITERS {
             tokio::spawn(work(pool.clone(), jobs.clone()));
         }
@@ -62,28 +61,20 @@ impl Writer {
         };
         let (answer, answered) = oneshot::channel();
         queue.try_send(Job { transfer, answer }).map_err(|error| match error {
-            mpsc::error::TrySendError::Full(_) => StoreError::WriterBusy,
-            mpsc::error::TrySendError::Closed(_) => StoreError::WriterStopped,
+            flume::TrySendError::Full(_) => StoreError::WriterBusy,
+            flume::TrySendError::Disconnected(_) => StoreError::WriterStopped,
         })?;
         answered.await.map_err(|_| StoreError::WriterStopped)?
     }
 }
 
-async fn work(pool: PgPool, jobs: Arc<Mutex<mpsc::Receiver<Job>>>) {
-    loop {
-        let batch = {
-            let mut jobs = jobs.lock().await;
-            let Some(first) = jobs.recv().await else { return };
-            let mut batch = vec![first];
-            while batch.len() < MAX_BATCH {
-                match jobs.try_recv() {
-                    Ok(job) => batch.push(job),
-                    Err(_) => break,
-                }
-            }
-            batch
-        };
-        metrics::histogram!("transferencias_lote_gravacao").record(batch.len() as f64);
+/// One writer: waits for a request, takes what else is waiting (never waiting for more), writes
+/// them; ends when every sender is gone and the queue is empty.
+async fn work(pool: PgPool, jobs: flume::Receiver<Job>) {
+    while let Ok(first) = jobs.recv_async().await {
+        let mut batch = vec![first];
+        batch.extend(jobs.try_iter().take(MAX_BATCH - 1));
+        metrics::histogram!("transfers_write_batch_rows").record(batch.len() as f64);
         let transfers: Vec<&NewTransfer> = batch.iter().map(|job| &job.transfer).collect();
         let answers = write_batch(&pool, &transfers).await;
         for (job, answer) in batch.into_iter().zip(answers) {
@@ -104,15 +95,13 @@ pub async fn write_batch(pool: &PgPool, transfers: &[&NewTransfer]) -> Vec<Resul
         Ok(answers) => answers,
         Err(StoreError::OutcomeUnknown(cause)) => {
             tracing::error!(size = transfers.len(), error = %telemetry::error_chain(cause.as_ref()), "the connection broke during COMMIT: the outcome of a batch of transfers is unknown");
-            metrics::counter!("transferencias_resultado_desconhecido_total")
-                .increment(transfers.len() as u64);
+            metrics::counter!("transfers_outcome_unknown_total").increment(transfers.len() as u64);
             transfers.iter().map(|_| Err(StoreError::OutcomeUnknown(cause.clone()))).collect()
         }
-        Err(error) if error.is_unavailable() || transfers.len() == 1 => {
-            let cause = telemetry::error_chain(&error);
-            let mut answers = vec![Err(error)];
-            answers.extend((1..transfers.len()).map(|_| Err(StoreError::Unavailable(cause.clone()))));
-            answers
+        Err(error) if transfers.len() == 1 => vec![Err(error)],
+        Err(error) if error.is_unavailable() => {
+            let cause = Arc::new(error);
+            transfers.iter().map(|_| Err(StoreError::Unavailable(cause.clone()))).collect()
         }
         Err(error) => {
             tracing::warn!(size = transfers.len(), error = %telemetry::error_chain(&error), "a batch of transfers failed: writing them one by one");

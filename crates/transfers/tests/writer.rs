@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::json;
 use testkit::TestDatabase;
 use transfers::domain::TransferRequest;
-use transfers::error::StoreError;
+use transfers::error::{Refusal, StoreError};
 use transfers::store::{Created, EventTarget, IdempotencyKey, NewTransfer};
 use transfers::writer::{self, Writer};
 
@@ -58,7 +58,7 @@ async fn one_transaction_answers_each_transfer_and_sees_keys_claimed_earlier_in_
     assert!(matches!(answers[1], Ok(Created::New(_))));
     assert!(matches!(answers[2], Ok(Created::Replayed(_))));
     assert_eq!(id(&answers[1]), id(&answers[2]));
-    assert!(matches!(answers[3], Err(StoreError::KeyReused)), "{:?}", answers[3]);
+    assert!(matches!(answers[3], Err(StoreError::Refused(Refusal::KeyReused))), "{:?}", answers[3]);
     assert!(matches!(answers[4], Ok(Created::New(_))));
     assert_eq!(count(&database, "transferencia").await, 3);
     assert_eq!(count(&database, "outbox_evento").await, 3);

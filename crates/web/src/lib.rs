@@ -1,12 +1,12 @@
 //! The HTTP edge every pagamentos API shares (`CONTRACT.md` §2): errors answered as
 //! problem+json, the JSON body extractor with its 413/415/400 answers, bearer tokens, the
-//! request-duration histogram, and the field rules both APIs apply (account ids, currencies).
+//! request-duration histogram. The field rules both APIs apply (account ids, currencies) are
+//! business rules and live in `contracts::domain`.
 //!
 //! # Layout
 //! - [`problem`]: [`ApiError`] and [`FieldError`], answered as RFC 9457 problem+json.
 //! - [`body`]: [`JsonBody`], the size- and content-type-checked JSON extractor.
 //! - [`auth`]: [`Tokens`], the `authenticate` middleware, the [`Caller`] it leaves behind.
-//! - [`fields`]: account-id and currency rules.
 //! - [`openapi`]: what both OpenAPI documents share: problem responses, the bearer scheme and
 //!   the `/openapi.json` route.
 //! - `observe`: `http_server_request_duration_seconds{method,route,status}` and the request's
@@ -14,7 +14,6 @@
 
 pub mod auth;
 pub mod body;
-pub mod fields;
 pub mod openapi;
 pub mod problem;
 

@@ -19,12 +19,12 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use contracts::Timestamp;
-use web::fields::{is_active_currency, validate_account_syntax, ISSUER_PREFIX};
+use contracts::domain::{validate_account_syntax, ISSUER_PREFIX};
+use contracts::{Cents, Currency, EntryKind, Timestamp};
 use web::problem::Kind;
 use web::{ApiError, Caller, FieldError, JsonBody, Problem};
 
-use self::openapi::{AccountRequestBody, DepositRequestBody, EntryKind};
+use self::openapi::{AccountRequestBody, DepositRequestBody, EntryKind as EntryKindName};
 use web::openapi::AccountId;
 
 use crate::error::{FailureKind, StoreError};
@@ -78,14 +78,17 @@ fn internal(error: impl Into<StoreError>) -> ApiError {
 pub struct AccountView {
     #[schema(value_type = AccountId)]
     pub id: String,
-    pub moeda: String,
+    #[serde(rename = "moeda")]
+    pub currency: String,
     /// Negative only for an issuer account.
-    pub saldo_centavos: i64,
+    #[serde(rename = "saldoCentavos")]
+    #[schema(value_type = i64)]
+    pub balance_cents: Cents,
 }
 
 impl From<AccountRow> for AccountView {
     fn from(row: AccountRow) -> Self {
-        Self { id: row.id, moeda: row.currency, saldo_centavos: row.balance_cents }
+        Self { id: row.id, currency: row.currency, balance_cents: row.balance_cents }
     }
 }
 
@@ -94,21 +97,26 @@ impl From<AccountRow> for AccountView {
 #[serde(rename_all = "camelCase")]
 #[schema(as = Deposit)]
 pub struct DepositView {
-    pub deposito_id: Uuid,
+    #[serde(rename = "depositoId")]
+    pub deposit_id: Uuid,
     #[schema(value_type = AccountId)]
-    pub conta_id: String,
-    pub valor_em_centavos: i64,
+    #[serde(rename = "contaId")]
+    pub account_id: String,
+    #[serde(rename = "valorEmCentavos")]
+    #[schema(value_type = i64)]
+    pub amount_cents: Cents,
     #[schema(value_type = String, format = DateTime)]
-    pub criado_em: Timestamp,
+    #[serde(rename = "criadoEm")]
+    pub created_at: Timestamp,
 }
 
 impl From<Deposit> for DepositView {
     fn from(deposit: Deposit) -> Self {
         Self {
-            deposito_id: deposit.id,
-            conta_id: deposit.account,
-            valor_em_centavos: deposit.amount_cents,
-            criado_em: deposit.created_at,
+            deposit_id: deposit.id,
+            account_id: deposit.account,
+            amount_cents: deposit.amount_cents,
+            created_at: deposit.created_at,
         }
     }
 }
@@ -120,22 +128,27 @@ impl From<Deposit> for DepositView {
 pub struct EntryView {
     pub id: i64,
     /// The transfer's id, or the `depositoId`.
-    pub transferencia_id: Uuid,
-    #[schema(value_type = EntryKind)]
-    pub tipo: String,
-    pub valor_centavos: i64,
+    #[serde(rename = "transferenciaId")]
+    pub transfer_id: Uuid,
+    #[schema(value_type = EntryKindName)]
+    #[serde(rename = "tipo")]
+    pub kind: EntryKind,
+    #[serde(rename = "valorCentavos")]
+    #[schema(value_type = i64)]
+    pub amount_cents: Cents,
     #[schema(value_type = String, format = DateTime)]
-    pub criado_em: Timestamp,
+    #[serde(rename = "criadoEm")]
+    pub created_at: Timestamp,
 }
 
 impl From<Entry> for EntryView {
     fn from(entry: Entry) -> Self {
         Self {
             id: entry.id,
-            transferencia_id: entry.transfer_id,
-            tipo: entry.kind,
-            valor_centavos: entry.amount_cents,
-            criado_em: entry.created_at,
+            transfer_id: entry.transfer_id,
+            kind: entry.kind,
+            amount_cents: entry.amount_cents,
+            created_at: entry.created_at,
         }
     }
 }
@@ -234,12 +247,13 @@ pub async fn create_account(
             errors.push(FieldError::new("moeda", "is required"));
             None
         }
-        Some(Value::String(code)) if is_active_currency(code) => Some(code.clone()),
-        Some(Value::String(code)) => {
-            errors
-                .push(FieldError::new("moeda", format!("{code:?} is not an active ISO 4217 currency code")));
-            None
-        }
+        Some(Value::String(code)) => match Currency::parse(code.as_str()) {
+            Ok(currency) => Some(currency),
+            Err(invalid) => {
+                errors.push(FieldError::new("moeda", invalid.to_string()));
+                None
+            }
+        },
         Some(_) => {
             errors.push(FieldError::new("moeda", "must be a string"));
             None
@@ -253,7 +267,7 @@ pub async fn create_account(
     if !errors.is_empty() {
         return Err(ApiError::Validation(errors));
     }
-    match store::create_account(&state.pool, &id, &currency, opening).await {
+    match store::create_account(&state.pool, &id, &currency, Cents::new(opening)).await {
         Ok(account) => {
             let location = format!("/contas/{}", account.id);
             Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(AccountView::from(account)))
@@ -335,16 +349,21 @@ pub async fn deposit(
             None
         }
     };
-    let amount = cents(object, "valorEmCentavos", &mut errors);
-    match amount {
-        None if !errors.iter().any(|error| error.field == "valorEmCentavos") => {
-            errors.push(FieldError::new("valorEmCentavos", "is required"))
+    let amount = match cents(object, "valorEmCentavos", &mut errors) {
+        None => {
+            if !errors.iter().any(|error| error.field == "valorEmCentavos") {
+                errors.push(FieldError::new("valorEmCentavos", "is required"));
+            }
+            None
         }
-        Some(amount) if amount <= 0 => {
-            errors.push(FieldError::new("valorEmCentavos", "must be greater than 0"))
-        }
-        _ => {}
-    }
+        Some(amount) => match Cents::amount(amount) {
+            Ok(amount) => Some(amount),
+            Err(_) => {
+                errors.push(FieldError::new("valorEmCentavos", "must be greater than 0"));
+                None
+            }
+        },
+    };
     let (Some(deposit_id), Some(amount)) = (deposit_id, amount) else {
         return Err(ApiError::Validation(errors));
     };

@@ -44,11 +44,13 @@ pub struct AccountRequestBody {
     pub id: AccountId,
     /// An active ISO 4217 code.
     #[schema(pattern = "^[A-Z]{3}$", example = "BRL")]
-    pub moeda: String,
+    #[serde(rename = "moeda")]
+    pub currency: String,
     /// Opening balance in cents (a deposit with id `nameUUIDFromBytes("abertura:" + id)`).
     #[schema(minimum = 0, default = 0)]
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub saldo_inicial_centavos: Option<i64>,
+    #[serde(rename = "saldoInicialCentavos")]
+    pub opening_balance_cents: Option<i64>,
 }
 
 /// Body of `POST /contas/{id}/depositos`.
@@ -56,9 +58,11 @@ pub struct AccountRequestBody {
 #[serde(rename_all = "camelCase")]
 pub struct DepositRequestBody {
     /// The deposit's idempotency key: the same id again answers the original.
-    pub deposito_id: Uuid,
+    #[serde(rename = "depositoId")]
+    pub deposit_id: Uuid,
     #[schema(minimum = 1, example = 10000)]
-    pub valor_em_centavos: i64,
+    #[serde(rename = "valorEmCentavos")]
+    pub amount_cents: i64,
 }
 
 #[cfg(test)]

@@ -212,7 +212,10 @@ impl TestLedger {
     /// The stored outcome of a transfer once decided: (`resultado`, `motivo`).
     pub async fn decided(&self, transfer_id: Uuid) -> (String, Option<String>) {
         testkit::eventually(&format!("transfer {transfer_id} decided"), testkit::PATIENCE, || async {
-            ledger::store::outcome(self.pool(), transfer_id).await.expect("outcome")
+            ledger::store::outcome(self.pool(), transfer_id)
+                .await
+                .expect("outcome")
+                .map(|outcome| (outcome.result().to_owned(), outcome.reason().map(str::to_owned)))
         })
         .await
     }

@@ -146,7 +146,7 @@ struct Shared {
     assigned: Members,
 }
 
-/// `notificacoes_membros_com_particoes`: members of this process the broker has given
+/// `notifications_members_with_partitions`: members of this process the broker has given
 /// partitions. Below `NOTIFICACOES_WEBHOOK_CONCURRENCY` while members join, and for good when
 /// there are more members in the group than the broker shares partitions with.
 #[derive(Debug)]
@@ -154,7 +154,7 @@ struct Members(AtomicUsize);
 
 impl Default for Members {
     fn default() -> Self {
-        metrics::gauge!("notificacoes_membros_com_particoes").set(0.0);
+        metrics::gauge!("notifications_members_with_partitions").set(0.0);
         Self(AtomicUsize::new(0))
     }
 }
@@ -167,7 +167,7 @@ impl Members {
             (true, false) => self.0.fetch_sub(1, Ordering::Relaxed) - 1,
             _ => return,
         };
-        metrics::gauge!("notificacoes_membros_com_particoes").set(count as f64);
+        metrics::gauge!("notifications_members_with_partitions").set(count as f64);
     }
 }
 
@@ -323,7 +323,7 @@ impl Shared {
             partition = record.partition,
             offset = record.offset,
             delivery,
-            evento_id = ?event,
+            event_id = ?event,
             "record acquired"
         );
         let mut lease = Lease::new(consumer, record);
@@ -339,7 +339,7 @@ impl Shared {
                     partition = record.partition,
                     offset = record.offset,
                     delivery,
-                    evento_id = ?event,
+                    event_id = ?event,
                     delay_ms = delay.as_millis() as u64,
                     reason = failure.message,
                     "attempt failed; released for redelivery after its delay"
@@ -368,7 +368,7 @@ impl Shared {
                 topic = &*record.topic,
                 partition = record.partition,
                 offset = record.offset,
-                evento_id = ?event,
+                event_id = ?event,
                 ?settle,
                 error = %error,
                 "acknowledgement refused"
@@ -531,7 +531,7 @@ impl Backoff {
 /// such a record is delivered again, which receivers absorb by `Idempotency-Key`.
 fn count_failed_acknowledgements(commit: &AcknowledgementCommit) {
     if let Err(error) = &commit.result {
-        metrics::counter!("notificacoes_confirmacoes_falhas_total").increment(1);
+        metrics::counter!("notifications_acknowledgement_failures_total").increment(1);
         tracing::warn!(
             topic = commit.topic,
             partition = commit.partition,

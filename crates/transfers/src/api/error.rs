@@ -3,7 +3,7 @@
 use web::problem::Kind;
 use web::ApiError;
 
-use crate::error::StoreError;
+use crate::error::{Refusal, StoreError};
 
 /// 409: the same Idempotency-Key is being processed right now.
 pub const KEY_IN_FLIGHT: Kind =
@@ -20,11 +20,11 @@ pub const WRITER_BUSY_RETRY_AFTER_S: u32 = 1;
 impl From<StoreError> for ApiError {
     fn from(error: StoreError) -> Self {
         match error {
-            StoreError::KeyReused => ApiError::Unprocessable {
+            StoreError::Refused(Refusal::KeyReused) => ApiError::Unprocessable {
                 kind: KEY_REUSED,
                 detail: "this Idempotency-Key was already used with a different request".into(),
             },
-            StoreError::KeyInFlight => ApiError::Conflict {
+            StoreError::Refused(Refusal::KeyInFlight) => ApiError::Conflict {
                 kind: KEY_IN_FLIGHT,
                 detail: "a request with this Idempotency-Key is still being processed; retry later".into(),
             },
@@ -36,7 +36,7 @@ impl From<StoreError> for ApiError {
                     .into(),
             },
             StoreError::WriterBusy => {
-                metrics::counter!("transferencias_recusadas_total", "motivo" => "fila_cheia").increment(1);
+                metrics::counter!("transfers_refused_total", "reason" => "queue_full").increment(1);
                 ApiError::Overloaded {
                     detail: format!(
                         "too many transfers are waiting to be written; retry in {WRITER_BUSY_RETRY_AFTER_S} s"
@@ -67,6 +67,9 @@ mod tests {
         let lost = sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "eof"));
         let unknown = ApiError::from(StoreError::OutcomeUnknown(std::sync::Arc::new(lost)));
         assert!(matches!(unknown, ApiError::OutcomeUnknown { kind: OUTCOME_UNKNOWN, .. }), "{unknown:?}");
+        let shared = std::sync::Arc::new(StoreError::Database(sqlx::Error::PoolTimedOut));
+        let batch = ApiError::from(StoreError::Unavailable(shared));
+        assert!(matches!(batch, ApiError::Unavailable(_)), "{batch:?}");
         let bug = ApiError::from(StoreError::KeyWithoutTransfer);
         assert!(matches!(bug, ApiError::Internal(_)), "{bug:?}");
     }

@@ -32,24 +32,24 @@ pub struct ApiDoc;
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
 pub enum StatusName {
     #[serde(rename = "PENDENTE")]
-    Pendente,
+    Pending,
     #[serde(rename = "LIQUIDADA")]
-    Liquidada,
+    Settled,
     #[serde(rename = "REJEITADA")]
-    Rejeitada,
+    Rejected,
 }
 
 /// `motivoRejeicao` of a `REJEITADA` transfer.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
 pub enum RejectionName {
     #[serde(rename = "BLOQUEADA_ANTIFRAUDE")]
-    BloqueadaAntifraude,
+    BlockedByAntifraud,
     #[serde(rename = "CONTA_INEXISTENTE")]
-    ContaInexistente,
+    AccountNotFound,
     #[serde(rename = "MOEDA_INCOMPATIVEL")]
-    MoedaIncompativel,
+    CurrencyMismatch,
     #[serde(rename = "SALDO_INSUFICIENTE")]
-    SaldoInsuficiente,
+    InsufficientFunds,
 }
 
 /// Body of `POST /transferencias`.
@@ -57,15 +57,19 @@ pub enum RejectionName {
 #[serde(rename_all = "camelCase")]
 pub struct TransferRequestBody {
     /// Never an `EMISSOR-…` account (the ledger's issuers).
-    pub conta_origem: AccountId,
+    #[serde(rename = "contaOrigem")]
+    pub source_account: AccountId,
     /// Must differ from `contaOrigem`.
-    pub conta_destino: AccountId,
+    #[serde(rename = "contaDestino")]
+    pub destination_account: AccountId,
     /// Integer cents, at least 1.
     #[schema(minimum = 1, example = 30000)]
-    pub valor_em_centavos: i64,
+    #[serde(rename = "valorEmCentavos")]
+    pub amount_cents: i64,
     /// An active ISO 4217 code.
     #[schema(pattern = "^[A-Z]{3}$", example = "BRL")]
-    pub moeda: String,
+    #[serde(rename = "moeda")]
+    pub currency: String,
 }
 
 #[cfg(test)]
@@ -83,10 +87,10 @@ mod tests {
     #[test]
     fn the_documented_body_is_what_the_parser_reads() {
         let body = TransferRequestBody {
-            conta_origem: AccountId("CC-001".into()),
-            conta_destino: AccountId("CC-002".into()),
-            valor_em_centavos: 30_000,
-            moeda: "BRL".into(),
+            source_account: AccountId("CC-001".into()),
+            destination_account: AccountId("CC-002".into()),
+            amount_cents: 30_000,
+            currency: "BRL".into(),
         };
         let value = serde_json::to_value(&body).expect("json");
         TransferRequest::parse(&value).expect("the documented body is accepted");
@@ -103,14 +107,14 @@ mod tests {
     #[test]
     fn the_documented_enums_are_the_code_s_spellings() {
         let statuses: Vec<Value> = Status::ALL.iter().map(|status| json!(status.as_str())).collect();
-        let documented = [StatusName::Pendente, StatusName::Liquidada, StatusName::Rejeitada];
+        let documented = [StatusName::Pending, StatusName::Settled, StatusName::Rejected];
         assert_eq!(documented.iter().map(|name| json!(name)).collect::<Vec<_>>(), statuses);
         let reasons: Vec<Value> = RejectionReason::ALL.iter().map(|reason| json!(reason.as_str())).collect();
         let documented = [
-            RejectionName::BloqueadaAntifraude,
-            RejectionName::ContaInexistente,
-            RejectionName::MoedaIncompativel,
-            RejectionName::SaldoInsuficiente,
+            RejectionName::BlockedByAntifraud,
+            RejectionName::AccountNotFound,
+            RejectionName::CurrencyMismatch,
+            RejectionName::InsufficientFunds,
         ];
         assert_eq!(documented.iter().map(|name| json!(name)).collect::<Vec<_>>(), reasons);
     }

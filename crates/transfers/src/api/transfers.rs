@@ -7,7 +7,7 @@ use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use contracts::Timestamp;
+use contracts::{Cents, Timestamp};
 
 use super::openapi::{RejectionName, StatusName, TransferRequestBody};
 use super::AppState;
@@ -32,35 +32,43 @@ pub const LIST_LIMIT_MAX: i64 = 500;
 #[schema(as = Transfer)]
 pub struct TransferView {
     pub id: Uuid,
+    #[serde(rename = "contaOrigem")]
     #[schema(value_type = AccountId)]
-    pub conta_origem: String,
+    pub source_account: String,
+    #[serde(rename = "contaDestino")]
     #[schema(value_type = AccountId)]
-    pub conta_destino: String,
-    pub valor_em_centavos: i64,
-    pub moeda: String,
+    pub destination_account: String,
+    #[serde(rename = "valorEmCentavos")]
+    #[schema(value_type = i64)]
+    pub amount_cents: Cents,
+    #[serde(rename = "moeda")]
+    pub currency: String,
     #[schema(value_type = StatusName)]
-    pub status: String,
+    pub status: Status,
     /// Set when `status` is `REJEITADA`, else null.
+    #[serde(rename = "motivoRejeicao")]
     #[schema(value_type = Option<RejectionName>, required = true)]
-    pub motivo_rejeicao: Option<String>,
+    pub rejection_reason: Option<String>,
+    #[serde(rename = "criadaEm")]
     #[schema(value_type = String, format = DateTime)]
-    pub criada_em: Timestamp,
+    pub created_at: Timestamp,
+    #[serde(rename = "atualizadaEm")]
     #[schema(value_type = String, format = DateTime)]
-    pub atualizada_em: Timestamp,
+    pub updated_at: Timestamp,
 }
 
 impl From<Transfer> for TransferView {
     fn from(row: Transfer) -> Self {
         Self {
             id: row.id,
-            conta_origem: row.conta_origem,
-            conta_destino: row.conta_destino,
-            valor_em_centavos: row.valor_centavos,
-            moeda: row.moeda,
+            source_account: row.source_account,
+            destination_account: row.destination_account,
+            amount_cents: row.amount_cents,
+            currency: row.currency,
             status: row.status,
-            motivo_rejeicao: row.motivo_rejeicao,
-            criada_em: row.criada_em.into(),
-            atualizada_em: row.atualizada_em.into(),
+            rejection_reason: row.rejection_reason,
+            created_at: row.created_at.into(),
+            updated_at: row.updated_at.into(),
         }
     }
 }
@@ -102,7 +110,7 @@ fn shed_load(state: &AppState) -> Result<(), ApiError> {
     if pending < state.max_pending {
         return Ok(());
     }
-    metrics::counter!("transferencias_recusadas_total", "motivo" => "outbox_cheio").increment(1);
+    metrics::counter!("transfers_refused_total", "reason" => "outbox_full").increment(1);
     Err(ApiError::Overloaded {
         detail: format!(
             "{pending} transfers are waiting to be published (bound {}); retry in {OVERLOADED_RETRY_AFTER_S} s",
@@ -159,7 +167,7 @@ pub async fn create(
     });
     let span = tracing::Span::current();
     let trace = telemetry::context::inject(&span);
-    let amount_cents = request.amount_cents;
+    let amount_cents = request.amount_cents.get();
     let target = EventTarget {
         topic: state.requested_topic.clone(),
         traceparent: trace.get("traceparent").cloned(),
@@ -173,7 +181,7 @@ pub async fn create(
     if replayed {
         tracing::info!("idempotent replay");
     } else {
-        metrics::counter!("transferencias_aceitas_total").increment(1);
+        metrics::counter!("transfers_accepted_total").increment(1);
         tracing::info!(amount_cents, "transfer accepted");
     }
     let location = format!("/transferencias/{}", transfer.id);
@@ -215,7 +223,8 @@ pub async fn get(
 /// Query of `GET /transferencias`; every field is text so a bad value gets our 400.
 #[derive(Debug, Deserialize)]
 pub struct ListQuery {
-    conta: Option<String>,
+    #[serde(rename = "conta")]
+    account: Option<String>,
     status: Option<String>,
     limit: Option<String>,
 }
@@ -242,7 +251,7 @@ pub async fn list(
 ) -> Result<Json<Vec<TransferView>>, ApiError> {
     let Query(query) = query.map_err(|rejection| ApiError::BadRequest(format!("bad query: {rejection}")))?;
     let mut errors = Vec::new();
-    let account = match query.conta {
+    let account = match query.account {
         Some(account) => match validate_account_syntax(&account) {
             Ok(()) => Some(account),
             Err(message) => {
@@ -255,8 +264,8 @@ pub async fn list(
     let status = match query.status.as_deref() {
         None => None,
         Some(text) => match Status::parse(text) {
-            Some(status) => Some(status),
-            None => {
+            Ok(status) => Some(status),
+            Err(_) => {
                 errors.push(FieldError {
                     field: "status",
                     message: "must be PENDENTE, LIQUIDADA or REJEITADA".into(),

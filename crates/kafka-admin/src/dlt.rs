@@ -28,10 +28,10 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use contracts::headers::{decode_long, decode_timestamp_type, dlt, retry, TimestampType};
 
-use crate::config::{base_consumer_settings, KafkaArgs};
-use crate::consumer::header;
-use crate::context::Context;
-use crate::producer::{OutgoingRecord, Producer};
+use kafka::config::{base_consumer_settings, KafkaArgs};
+use kafka::consumer::header;
+use kafka::context::Context;
+use kafka::producer::{OutgoingRecord, Producer};
 
 /// The consumer group whose commits record replay progress.
 pub const REPLAY_GROUP: &str = "pagamentos-dlt-replay";
@@ -69,7 +69,7 @@ pub enum DltError {
         source: KafkaError,
     },
     #[error(transparent)]
-    Produce(#[from] crate::Error),
+    Produce(#[from] kafka::Error),
 }
 
 fn kafka(operation: &'static str) -> impl FnOnce(KafkaError) -> DltError {
@@ -290,8 +290,8 @@ impl DeadLetterTopic {
             .set("enable.auto.offset.store", "false")
             .set("enable.partition.eof", "true");
         let consumer: BaseConsumer<Context> =
-            crate::context::create(&config).map_err(kafka("create consumer"))?;
-        let partitions = crate::topics::partitions(consumer.client(), topic, REQUEST_TIMEOUT)
+            kafka::context::create(&config).map_err(kafka("create consumer"))?;
+        let partitions = kafka::metadata::partitions(consumer.client(), topic, REQUEST_TIMEOUT)
             .map_err(kafka("metadata"))?;
         if partitions.is_empty() {
             return Err(DltError::UnknownTopic(topic.to_owned()));
@@ -624,7 +624,7 @@ pub async fn report_retained(
                 for topic in &task_topics {
                     match DeadLetterTopic::open(&task_args, topic) {
                         Ok(handle) => handles.push(handle),
-                        Err(error) => tracing::debug!(error = %crate::consumer::error_chain(&error), topic, "dead-letter topic not opened"),
+                        Err(error) => tracing::debug!(error = %kafka::consumer::error_chain(&error), topic, "dead-letter topic not opened"),
                     }
                 }
             }
@@ -786,5 +786,62 @@ mod tests {
             ]
         );
         assert_eq!(out.header_values("retry_topic-attempts"), [&[0u8, 0, 0, 2][..], &[0, 0, 0, 3]]);
+    }
+
+    /// `out` as the next stage receives it: its topic, a new offset and timestamp.
+    fn received(out: &OutgoingRecord, offset: i64, timestamp_ms: i64) -> OwnedMessage {
+        let headers = out.headers.iter().fold(OwnedHeaders::new(), |headers, (key, value)| {
+            headers.insert(Header { key, value: Some(value) })
+        });
+        OwnedMessage::new(
+            Some(out.payload.clone()),
+            out.key.clone(),
+            out.topic.clone(),
+            Timestamp::CreateTime(timestamp_ms),
+            out.partition.unwrap_or(0), // a replay leaves it to the partitioner
+            offset,
+            Some(headers),
+        )
+    }
+
+    #[test]
+    fn a_dead_letter_redriven_to_a_retry_topic_is_due_at_once() {
+        use kafka::dead_letter::Failure;
+        use kafka::retry_topic::{due_at_ms, forwarded, now_ms, Chain};
+
+        let chain = Chain { delays_ms: vec![1000, 2000, 4000] };
+        let failure = Failure {
+            exception_fqcn: "notifications::webhook::Unavailable".into(),
+            cause_fqcn: "http::status::StatusCode".into(),
+            message: "503".into(),
+            stacktrace: "503".into(),
+        };
+        let now = now_ms();
+        let mut current = OwnedMessage::new(
+            Some(br#"{"eventoId":"x"}"#.to_vec()),
+            Some(b"CC-1".to_vec()),
+            "t".into(),
+            Timestamp::CreateTime(1_800_000_000_000),
+            0,
+            1,
+            None,
+        );
+        for failed in 1..=4 {
+            let out = forwarded(&current, "g", &failure, failed, &chain.after_failure("t", failed), now);
+            current = received(&out, i64::from(failed), now);
+        }
+        assert_eq!(current.topic(), "t-dlt");
+        // `pagamentos dlt replay --to t-retry-1000` copies every header, in order
+        let replayed = replay_record("t-dlt", &current, "t-retry-1000");
+        let on_retry = received(&replayed, 0, now + 10);
+        let due = due_at_ms(&on_retry).expect("a backoff timestamp");
+        assert!(due <= now, "due {} ms after it was dead-lettered", due - now);
+        // the first value (1 s after the first failure) would hold it back
+        assert_eq!(
+            contracts::headers::decode_big_integer(
+                replayed.header_values("retry_topic-backoff-timestamp")[0]
+            ),
+            Ok(now + 1000)
+        );
     }
 }

@@ -15,9 +15,9 @@ use rdkafka::types::RDKafkaErrorCode;
 
 use contracts::topics::TopicSpec;
 
-use crate::config::{admin_config, KafkaArgs, TopicArgs};
-use crate::context::Context;
-use crate::Error;
+use kafka::config::{admin_config, KafkaArgs, TopicArgs};
+use kafka::context::Context;
+use kafka::Error;
 
 /// How long the first metadata request may take before the broker counts as unreachable.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
@@ -71,7 +71,7 @@ type Admin = AdminClient<Context>;
 
 fn connect(args: &KafkaArgs) -> Result<Arc<Admin>, Error> {
     let admin: Admin =
-        crate::context::create(&admin_config(args, "pagamentos-admin")).map_err(Error::Config)?;
+        kafka::context::create(&admin_config(args, "pagamentos-admin")).map_err(Error::Config)?;
     Ok(Arc::new(admin))
 }
 
@@ -228,22 +228,6 @@ async fn await_leaders(admin: &Arc<Admin>, bootstrap: &str, names: &[String]) ->
     }
 }
 
-/// The partition ids of `topic`, as `client`'s metadata has them; empty when the topic does not
-/// exist (or its metadata carries an error).
-pub fn partitions<C: rdkafka::client::ClientContext>(
-    client: &rdkafka::client::Client<C>,
-    topic: &str,
-    timeout: Duration,
-) -> rdkafka::error::KafkaResult<Vec<i32>> {
-    let metadata = client.fetch_metadata(Some(topic), timeout)?;
-    Ok(metadata
-        .topics()
-        .iter()
-        .find(|meta| meta.name() == topic && meta.error().is_none())
-        .map(|meta| meta.partitions().iter().map(|partition| partition.id()).collect())
-        .unwrap_or_default())
-}
-
 /// Deletes `names` (tests clean up after themselves with it). Unknown topics are ignored.
 pub async fn delete(args: &KafkaArgs, names: &[&str]) -> Result<(), Error> {
     if names.is_empty() {
@@ -282,7 +266,7 @@ pub async fn ensure_at_start(args: &KafkaArgs, settings: &TopicArgs) -> Result<(
 /// Why the first metadata request failed: the broker's refusal when it refused this client
 /// (a wrong password, an untrusted certificate), else the broker counts as unreachable.
 fn unreachable(admin: &Admin, bootstrap: &str, source: rdkafka::error::KafkaError) -> Error {
-    crate::context::drain_main_queue(admin, admin.inner().context());
+    kafka::context::drain_main_queue(admin, admin.inner().context());
     match admin.inner().context().refusal() {
         Some(reason) => Error::Refused { bootstrap: bootstrap.to_owned(), reason },
         None => Error::Unreachable { bootstrap: bootstrap.to_owned(), source },

@@ -1,0 +1,230 @@
+//! A profile's running system: `pagamentos all` on fresh databases and topics, loads driven
+//! through `pagamentos loadgen` and measured, and everything removed afterwards.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use sqlx::{Connection, PgConnection};
+use tokio::process::{Child, Command};
+
+use loadgen::Report;
+
+use crate::procs::{Part, Parts};
+use crate::prom::Scrape;
+use crate::{procs, prom};
+use crate::{Args, Measured, HOPS};
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A profile's running system.
+pub(crate) struct System {
+    profile: String,
+    child: Child,
+    ports: [u16; 4],
+    prefix: String,
+    databases: [String; 2],
+    http: reqwest::Client,
+    /// The bearer tokens this run's services were started with (random per run).
+    tokens: [String; 2],
+}
+
+impl System {
+    pub(crate) async fn start(args: &Args, binary: &Path, profile: &str, run: &str) -> anyhow::Result<Self> {
+        let databases =
+            [format!("bench_{run}_{profile}_transferencias"), format!("bench_{run}_{profile}_ledger")];
+        let mut admin = PgConnection::connect(&args.database_url).await.context("connect to PostgreSQL")?;
+        for name in &databases {
+            sqlx::query(&format!("CREATE DATABASE {name}"))
+                .execute(&mut admin)
+                .await
+                .with_context(|| format!("create {name}"))?;
+        }
+        let base = args.database_url.rsplit_once('/').map_or(args.database_url.as_str(), |(base, _)| base);
+        let ports = [free_port()?, free_port()?, free_port()?, free_port()?];
+        let prefix = format!("bench-{run}-{profile}.");
+        let log = std::fs::File::create(args.out.join(format!("{profile}.log")))?;
+        let tokens =
+            [format!("bench-api-{}", uuid::Uuid::new_v4()), format!("bench-admin-{}", uuid::Uuid::new_v4())];
+        let child = Command::new(binary)
+            .args(["all", "--profile", profile])
+            .env("PAGAMENTOS_API_TOKEN", &tokens[0])
+            .env("PAGAMENTOS_ADMIN_TOKEN", &tokens[1])
+            .env("TRANSFERENCIAS_DATABASE_URL", format!("{base}/{}", databases[0]))
+            .env("LEDGER_DATABASE_URL", format!("{base}/{}", databases[1]))
+            .env("TRANSFERENCIAS_LISTEN", format!("127.0.0.1:{}", ports[0]))
+            .env("LEDGER_LISTEN", format!("127.0.0.1:{}", ports[1]))
+            .env("ANTIFRAUDE_LISTEN", format!("127.0.0.1:{}", ports[2]))
+            .env("NOTIFICACOES_LISTEN", format!("127.0.0.1:{}", ports[3]))
+            .env("KAFKA_BOOTSTRAP_SERVERS", &args.kafka_bootstrap_servers)
+            .envs(args.kafka_security.to_env())
+            .env("PAGAMENTOS_TOPIC_PREFIX", &prefix)
+            // the bench measures, it keeps no data: the topics' replicas as configured, fewer
+            // than 3 accepted (the local stack has one broker)
+            .env("PAGAMENTOS_ALLOW_UNDER_REPLICATED", "true")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("start {}", binary.display()))?;
+        let system = Self {
+            profile: profile.to_owned(),
+            child,
+            ports,
+            prefix,
+            databases,
+            http: reqwest::Client::new(),
+            tokens,
+        };
+        let deadline = Instant::now() + Duration::from_secs(120);
+        for port in ports {
+            let url = format!("http://127.0.0.1:{port}/readyz");
+            loop {
+                if system.http.get(&url).send().await.is_ok_and(|response| response.status().is_success()) {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!("{url} not ready after 120 s (see {}.log)", profile);
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+        Ok(system)
+    }
+
+    async fn metrics(&self) -> anyhow::Result<Scrape> {
+        let text =
+            self.http.get(format!("http://127.0.0.1:{}/metrics", self.ports[0])).send().await?.text().await?;
+        Ok(Scrape::parse(&text))
+    }
+
+    /// SIGTERM, wait for the drain, then drop the databases and topics.
+    pub(crate) async fn stop(mut self, args: &Args) -> anyhow::Result<()> {
+        if let Some(pid) = self.child.id() {
+            Command::new("kill").args(["-TERM", &pid.to_string()]).status().await?;
+            if tokio::time::timeout(Duration::from_secs(45), self.child.wait()).await.is_err() {
+                self.child.kill().await.ok();
+            }
+        }
+        let mut admin = PgConnection::connect(&args.database_url).await?;
+        for name in &self.databases {
+            sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(&mut admin).await?;
+        }
+        let kafka = kafka::KafkaArgs {
+            topic_prefix: self.prefix.clone(),
+            security: args.kafka_security.clone(),
+            ..kafka::KafkaArgs::new(args.kafka_bootstrap_servers.clone())
+        };
+        let names: Vec<String> =
+            contracts::topics::plan(&self.prefix).into_iter().map(|spec| spec.name).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        kafka_admin::topics::delete(&kafka, &names)
+            .await
+            .map_err(|error| anyhow!("delete the run's topics: {error}"))?;
+        Ok(())
+    }
+
+    /// Runs one load through `pagamentos loadgen` and measures around it.
+    pub(crate) async fn measure(
+        &self,
+        args: &Args,
+        binary: &Path,
+        load: &str,
+        offered: Option<u32>,
+        extra: &[String],
+    ) -> anyhow::Result<Measured> {
+        let pagamentos = self.child.id().ok_or_else(|| anyhow!("pagamentos all exited"))?;
+        tokio::time::sleep(Duration::from_secs(args.settle_seconds)).await;
+        let mut database = PgConnection::connect(&args.database_url).await?;
+        let scrape_before = self.metrics().await?;
+        let cpu_before = Parts { pagamentos, loadgen: None }.cpu_ticks();
+        let commits_before = commits(&mut database).await?;
+        let started = Instant::now();
+
+        eprintln!("bench: {} — {load}", self.profile);
+        let child = Command::new(binary)
+            .arg("loadgen")
+            .args(["--accounts", &args.accounts.to_string()])
+            .args(extra)
+            .env("LOADGEN_TRANSFERENCIAS_URL", format!("http://127.0.0.1:{}", self.ports[0]))
+            .env("LOADGEN_LEDGER_URL", format!("http://127.0.0.1:{}", self.ports[1]))
+            .env("PAGAMENTOS_API_TOKEN", &self.tokens[0])
+            .env("PAGAMENTOS_ADMIN_TOKEN", &self.tokens[1])
+            .env("KAFKA_BOOTSTRAP_SERVERS", &args.kafka_bootstrap_servers)
+            .envs(args.kafka_security.to_env())
+            .env("PAGAMENTOS_TOPIC_PREFIX", &self.prefix)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("run pagamentos loadgen")?;
+        let parts = Parts { pagamentos, loadgen: child.id() };
+
+        // peak memory of each part, and loadgen's CPU as last seen (it is gone at the end)
+        let (stop_sampling, mut stopped) = tokio::sync::watch::channel(false);
+        let sampler = tokio::spawn(async move {
+            let mut peak: BTreeMap<Part, u64> = BTreeMap::new();
+            let mut loadgen_ticks = 0;
+            loop {
+                for (part, kib) in parts.memory() {
+                    let slot = peak.entry(part).or_default();
+                    *slot = (*slot).max(kib);
+                }
+                if let Some(&ticks) = parts.cpu_ticks().get(&Part::Loadgen) {
+                    loadgen_ticks = loadgen_ticks.max(ticks);
+                }
+                tokio::select! {
+                    _ = stopped.changed() => return (peak, loadgen_ticks),
+                    () = tokio::time::sleep(Duration::from_millis(250)) => {}
+                }
+            }
+        });
+        let output = child.wait_with_output().await.context("run pagamentos loadgen")?;
+        let seconds = started.elapsed().as_secs_f64();
+        // let PostgreSQL flush its statistics (at most once a second) before reading them
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        let _ = stop_sampling.send(true);
+        let (peak, loadgen_ticks) = sampler.await?;
+        let mut cpu_after = Parts { pagamentos, loadgen: None }.cpu_ticks();
+        cpu_after.insert(Part::Loadgen, loadgen_ticks);
+        let commits_after = commits(&mut database).await?;
+        let scrape_after = self.metrics().await?;
+
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let last = stdout.lines().last().unwrap_or_default();
+        let report: Report = serde_json::from_str(last)
+            .with_context(|| format!("loadgen's last line {last:?} (exit {:?})", output.status.code()))?;
+        let hops = HOPS
+            .iter()
+            .filter_map(|spec| {
+                prom::hop(&scrape_before, &scrape_after, spec.metric, spec.labels).map(|hop| (spec.name, hop))
+            })
+            .collect();
+        let measured = Measured {
+            profile: self.profile.clone(),
+            load: load.to_owned(),
+            offered_per_s: offered,
+            seconds: (seconds * 10.0).round() / 10.0,
+            report,
+            cpu_percent: procs::cpu_percent(&cpu_before, &cpu_after, seconds),
+            memory_mib_max: peak
+                .into_iter()
+                .map(|(part, kib)| (part, (kib as f64 / 1024.0 * 10.0).round() / 10.0))
+                .collect(),
+            postgres_commits_per_s: ((commits_after - commits_before) as f64 / seconds * 10.0).round() / 10.0,
+            hops,
+        };
+        println!("{}", serde_json::to_string(&measured)?);
+        Ok(measured)
+    }
+}
+
+/// Transactions committed in the whole cluster so far.
+async fn commits(database: &mut PgConnection) -> sqlx::Result<i64> {
+    sqlx::query_scalar("SELECT sum(xact_commit)::bigint FROM pg_stat_database").fetch_one(database).await
+}

@@ -1,0 +1,1 @@
+ALTER TABLE outbox_evento ADD COLUMN traceparent TEXT, ADD COLUMN tracestate TEXT;

@@ -1,0 +1,63 @@
+//! What the checks read after the run: every record of some topics, and where lost transfers
+//! stopped.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use kafka::rdkafka::message::Message;
+use serde_json::{json, Value};
+
+use crate::common::system::System;
+
+/// Every record on `topics` (read_committed), read to the end of every partition (librdkafka's
+/// partition EOF, which under read_committed is the last stable offset), once both outboxes
+/// have published everything: its payload, plus where it was (`_at`: topic/partition/offset).
+/// No quiet time window decides that the reading is over.
+pub async fn read_all(system: &System, topics: &[String]) -> Vec<Value> {
+    const UNPUBLISHED: &str = "SELECT count(*) FROM outbox_evento WHERE publicado_em IS NULL";
+    testkit::eventually("both outboxes published", Duration::from_secs(120), || async {
+        let mut left = 0i64;
+        for pool in [&system.transfers_db.pool, &system.ledger_db.pool] {
+            left += sqlx::query_scalar::<_, i64>(UNPUBLISHED).fetch_one(pool).await.ok()?;
+        }
+        (left == 0).then_some(())
+    })
+    .await;
+    let mut records = Vec::new();
+    for topic in topics {
+        for record in testkit::read_to_end(&system.topics.args, topic).await {
+            let payload = record.payload().unwrap_or_default();
+            let mut value: Value = serde_json::from_slice(payload)
+                .unwrap_or_else(|_| json!({"raw": String::from_utf8_lossy(payload)}));
+            value["_at"] = json!(format!("{}/{}/{}", record.topic(), record.partition(), record.offset()));
+            records.push(value);
+        }
+    }
+    records
+}
+
+/// Where the lost transfers stopped: published by the relay? analysed? decided by the ledger?
+/// its outcome published?
+pub async fn diagnose(system: &System, lost: &[&String], analysed: &HashMap<String, usize>) {
+    let ids: Vec<uuid::Uuid> = lost.iter().map(|id| id.parse().expect("uuid")).collect();
+    async fn count(pool: &sqlx::PgPool, sql: &str, ids: &[uuid::Uuid]) -> i64 {
+        sqlx::query_scalar(sql).bind(ids).fetch_one(pool).await.expect(sql)
+    }
+    const UNPUBLISHED: &str = "SELECT count(*) FROM outbox_evento \
+        WHERE publicado_em IS NULL AND (payload::jsonb->>'transferenciaId')::uuid = ANY($1)";
+    let unpublished = count(&system.transfers_db.pool, UNPUBLISHED, &ids).await;
+    let decided = count(
+        &system.ledger_db.pool,
+        "SELECT count(*) FROM transferencia_processada WHERE transferencia_id = ANY($1)",
+        &ids,
+    )
+    .await;
+    let outcome_unpublished = count(&system.ledger_db.pool, UNPUBLISHED, &ids).await;
+    let was_analysed = lost.iter().filter(|id| analysed.contains_key(**id)).count();
+    eprintln!(
+        "[chaos] {} lost: request unpublished {unpublished}, analysed {was_analysed}, decided by the ledger {decided}, \
+         outcome unpublished {outcome_unpublished}; first: {:?}",
+        lost.len(),
+        &lost[..lost.len().min(5)]
+    );
+}

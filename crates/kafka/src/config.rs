@@ -344,6 +344,32 @@ pub const TRANSACTION_TIMEOUT: Duration = Duration::from_millis(10_000);
 /// runs, against 61–93 ms without statistics and 60–66 ms with reports every 10 s).
 pub const STATISTICS_INTERVAL: Duration = Duration::from_millis(10_000);
 
+/// `socket.timeout.ms`: how long any request may wait for its answer before the client gives
+/// up on it, drops the connection (`socket.max.fails` 1) and refreshes its metadata from
+/// another broker (librdkafka's default: 60 s). A broker cut off the network answers nothing,
+/// and one cut from the other brokers only holds its clients' writes (it can replicate them to
+/// no one) until the broker-side `request.timeout.ms`, 30 s, and then answers only "timed out",
+/// which moves no client. The other brokers fence it and move its leaderships after
+/// `broker.session.timeout.ms` (8-12 s into the cut): with 60 s every relay, consumer and
+/// coordinator request stuck on it waited up to a minute before its client looked for the new
+/// leader, and the pipeline stood still the whole cut (docs/operations.md, "One broker of three
+/// cut off the network"). With 5 s the first time-out after the fencing moves the client:
+/// settlements resumed 10-16 s into the cut (the fencing plus at most one time-out). The cost:
+/// a request a healthy broker legitimately holds longer (an `acks=all` write waiting for a
+/// follower that is about to leave the ISR) is abandoned and sent again on a new connection,
+/// which the idempotent producer does with the same sequence numbers (the broker acknowledges
+/// the copy it has instead of writing it twice). Below the transaction timeout, as librdkafka
+/// requires of a transactional producer (without it, it would derive 9.9 s from that timeout).
+pub const SOCKET_TIMEOUT: Duration = Duration::from_millis(5_000);
+const _: () = assert!(SOCKET_TIMEOUT.as_millis() < TRANSACTION_TIMEOUT.as_millis());
+
+/// `topic.metadata.refresh.interval.ms`: how often every client asks where its partitions'
+/// leaders are, unprompted (librdkafka's default: 5 min). A node cut from the other brokers
+/// only still answers its clients from its stale view: a consumer fetching from it gets no
+/// error, only nothing new, and nothing but this refresh tells it the leadership moved (an
+/// answer from the stale node is ignored once a newer leader epoch is known).
+pub const METADATA_REFRESH_INTERVAL: Duration = Duration::from_millis(5_000);
+
 fn base(args: &KafkaArgs, client_id: &str) -> ClientConfig {
     let mut config = ClientConfig::new();
     config
@@ -352,6 +378,14 @@ fn base(args: &KafkaArgs, client_id: &str) -> ClientConfig {
         // fail a metadata/produce request to a dead broker quickly enough to report it
         .set("socket.connection.setup.timeout.ms", "10000")
         .set("reconnect.backoff.max.ms", "2000")
+        // a silent broker costs seconds, not a minute (the constants say why). A timed-out
+        // request is retried: a produce request by the idempotent producer with the same
+        // sequence numbers; a fetch or an offset commit as the next one (auto-commit commits
+        // the stored offsets again); a timed-out transactional request fails its transaction,
+        // which is aborted and its batch retried, as on any error (antifraude reads the
+        // committed offsets first, so a commit whose answer was lost is not produced twice)
+        .set("socket.timeout.ms", SOCKET_TIMEOUT.as_millis().to_string())
+        .set("topic.metadata.refresh.interval.ms", METADATA_REFRESH_INTERVAL.as_millis().to_string())
         // re-bootstrap after 10 s of unanswered Metadata requests instead of librdkafka's 5 min.
         // It does not rescue a client that a Metadata answer naming no broker left with none
         // (librdkafka 2.12 drops every broker an answer leaves out, and starts this timer only
@@ -524,6 +558,26 @@ mod tests {
             ("dead-letter reader", base_consumer_settings(args, "test")),
             ("admin", admin_config(args, "test")),
         ]
+    }
+
+    #[test]
+    fn a_silent_broker_costs_every_client_seconds_not_a_minute() {
+        let args = KafkaArgs::new("localhost:9092");
+        for (kind, config) in every_client(&args) {
+            assert_eq!(config.get("socket.timeout.ms"), Some("5000"), "{kind}");
+            assert_eq!(config.get("topic.metadata.refresh.interval.ms"), Some("5000"), "{kind}");
+            // one disconnect per timed-out request (librdkafka's default, kept): the connection
+            // to a silent broker is dropped at the first time-out, which triggers the refresh
+            assert_eq!(config.get("socket.max.fails"), None, "{kind}");
+        }
+        // librdkafka refuses a transactional producer whose requests may outlive its
+        // transaction (socket.timeout.ms above transaction.timeout.ms + 100): it is created
+        let tx = transactional_producer_config(&args, "test", "tx-a", Duration::ZERO);
+        assert_eq!(tx.get("transaction.timeout.ms"), Some("10000"));
+        tx.create::<rdkafka::producer::BaseProducer>().expect("librdkafka takes the transactional settings");
+        consumer_config(&args, "test", "group", OffsetCommit::StoredAfterHandling)
+            .create::<rdkafka::consumer::BaseConsumer>()
+            .expect("librdkafka takes the consumer settings");
     }
 
     #[test]

@@ -15,8 +15,9 @@ use kafka::{KafkaArgs, KafkaSecurity, SaslMechanism, SecurityProtocol};
 
 use super::Error;
 
-/// How long a broker may take to answer a request (what librdkafka calls
-/// `socket.timeout.ms` is 60 s; krafka's default is 30 s, kept).
+/// How long a broker may take to answer a request: krafka's default, 30 s, kept. The rdkafka
+/// clients use 5 s (`kafka::config::SOCKET_TIMEOUT`) so that a broker cut off the network costs
+/// seconds; the share group under such a cut was not measured with a shorter one.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Connecting to a broker, as the other clients (`kafka::config`: 15 s to fail at start).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);

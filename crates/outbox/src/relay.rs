@@ -473,11 +473,13 @@ impl Relay {
     }
 
     /// A dedicated connection holding the advisory lock (closing it releases the lock), or
-    /// `None` at shutdown.
+    /// `None` at shutdown. Each attempt connects where the pool's new connections go *now*:
+    /// after a failover the pool is pointed at the promoted server, and a copy taken before
+    /// would keep knocking on the dead one for ever while the outbox fills.
     async fn become_leader(&self, shutdown: &CancellationToken) -> Option<PgConnection> {
-        let options: PgConnectOptions = (*self.pool.connect_options()).clone();
         let mut standby_logged = false;
         loop {
+            let options: PgConnectOptions = (*self.pool.connect_options()).clone();
             let attempt = async {
                 let mut connection = options.connect().await?;
                 let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")

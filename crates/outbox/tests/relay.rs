@@ -463,3 +463,38 @@ async fn a_relay_takes_back_at_once_the_rows_it_still_leases_from_a_cycle_cut_sh
     let order: Vec<String> = receive(&reader, 2).await.iter().map(event_id).collect();
     assert_eq!(order, vec![id.to_string(), later.to_string()]);
 }
+
+/// A relay that could not connect follows its pool to another server: after a failover the pool
+/// is pointed at the promoted server (`database::connect`'s watcher), and the relay's next
+/// attempt must go there, not to the server its first attempt tried. The "old server" here is a
+/// listener of the test's own that takes the connection and closes it.
+#[tokio::test]
+async fn a_relay_that_cannot_connect_follows_its_pool_to_the_new_server() {
+    let fixture = fixture(1).await;
+    let reader = fixture.reader();
+    let dead = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let dead_port = dead.local_addr().expect("address").port();
+    let pool = fixture.database.pool.clone();
+    let promoted = (*pool.connect_options()).clone();
+    pool.set_connect_options(promoted.clone().host("127.0.0.1").port(dead_port));
+
+    let stop = CancellationToken::new();
+    let relay = tokio::spawn(fixture.relay(RelayOptions::fast("test")).run(stop.clone()));
+    // the relay knocked on the dead server: it is in its connect loop
+    let (knock, _) = tokio::time::timeout(testkit::PATIENCE, dead.accept())
+        .await
+        .expect("the relay to try the server its pool points at")
+        .expect("accept");
+    drop(knock);
+    pool.set_connect_options(promoted);
+
+    let id = fixture.insert("CC-001", r#"{"n":1}"#).await;
+    let record = receive(&reader, 1).await.remove(0);
+    assert_eq!(event_id(&record), id.to_string());
+    eventually("nothing pending", testkit::PATIENCE, || async {
+        (fixture.pending().await == 0).then_some(())
+    })
+    .await;
+    stop.cancel();
+    relay.await.expect("relay stops");
+}

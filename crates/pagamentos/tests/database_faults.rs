@@ -25,6 +25,15 @@ const PRIMARY: &str = "127.0.0.1:5442";
 const STANDBY: &str = "127.0.0.1:5443";
 const ACCOUNTS: usize = 8;
 
+/// The service's output into a file of its own (printed, so a failure can be read after).
+fn logs_to_a_file(command: &mut tokio::process::Command, name: &str) {
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(testkit::unique(name) + ".log");
+    let file = std::fs::File::create(&path).expect("service log file");
+    let copy = file.try_clone().expect("service log file");
+    eprintln!("pagamentos all logs in {}", path.display());
+    command.stdout(file).stderr(copy);
+}
+
 /// A fresh pair: whatever an earlier run left is removed first.
 async fn fresh_pair() {
     testkit::stack(&["pg-pair", "down"]).await;
@@ -154,7 +163,7 @@ async fn metric(system: &System, port: u16, series: &str) -> f64 {
 /// `verify` on `urls` is clean.
 async fn assert_nothing_lost(system: &System, accepted: &[String], urls: (&str, &str)) {
     for id in accepted {
-        let (status, reason) = system.final_status(id).await;
+        let (status, reason) = final_status_or_where_it_stopped(system, id, urls).await;
         assert_eq!(status, "LIQUIDADA", "{id}: {reason}");
     }
     let unique: std::collections::HashSet<&String> = accepted.iter().collect();
@@ -186,6 +195,56 @@ async fn assert_nothing_lost(system: &System, accepted: &[String], urls: (&str, 
     );
 }
 
+/// The transfer's final status, or a panic that says where in the pipeline it stopped: its row,
+/// its outbox rows and the ledger's decision, read from the databases behind `urls` (the
+/// services' logs are in the file printed at the start).
+async fn final_status_or_where_it_stopped(system: &System, id: &str, urls: (&str, &str)) -> (String, Value) {
+    let read = || async {
+        let response = system.http.get(system.api(&format!("/transferencias/{id}"))).send().await.ok()?;
+        let body: Value = response.json().await.ok()?;
+        let status = body["status"].as_str()?.to_owned();
+        (status != "PENDENTE").then(|| (status, body["motivoRejeicao"].clone()))
+    };
+    let deadline = tokio::time::Instant::now() + testkit::PATIENCE;
+    while tokio::time::Instant::now() < deadline {
+        if let Some(found) = read().await {
+            return found;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("transfer {id} not final after {:?}: {}", testkit::PATIENCE, where_it_stopped(id, urls).await);
+}
+
+async fn where_it_stopped(id: &str, urls: (&str, &str)) -> String {
+    let queries: [(&str, &str); 4] = [
+        (urls.0, "SELECT status || ' ' || coalesce(motivo_rejeicao, '') FROM transferencia WHERE id::text = $1"),
+        (urls.0, "SELECT tipo || ' created ' || criado_em || ' published ' || coalesce(publicado_em::text, 'no') FROM outbox_evento WHERE chave = $1"),
+        (urls.1, "SELECT resultado || ' at ' || processada_em FROM transferencia_processada WHERE transferencia_id::text = $1"),
+        (urls.1, "SELECT tipo || ' created ' || criado_em || ' published ' || coalesce(publicado_em::text, 'no') FROM outbox_evento WHERE chave = $1"),
+    ];
+    let mut found = Vec::new();
+    for (url, query) in queries {
+        // sqlx takes one host: the same database on whichever server of the pair answers
+        let database = url.rsplit('/').next().and_then(|tail| tail.split('?').next()).unwrap_or_default();
+        let mut rows = Vec::new();
+        for host in [STANDBY, PRIMARY] {
+            match PgConnection::connect(&format!("postgres://pagamentos:pagamentos@{host}/{database}")).await
+            {
+                Ok(mut connection) => {
+                    match sqlx::query_scalar::<_, String>(query).bind(id).fetch_all(&mut connection).await {
+                        Ok(answer) => rows.extend(answer),
+                        Err(error) => rows.push(format!("error on {host}: {error}")),
+                    }
+                    break;
+                }
+                Err(error) => rows.push(format!("{host} unreachable: {error}")),
+            }
+        }
+        found.push(format!("{query}: {rows:?}"));
+    }
+    found.join("; ")
+}
+
 async fn open_accounts(system: &System) {
     for account in 0..ACCOUNTS {
         system.open_account(&format!("FALHA-{account}"), 10_000_000).await;
@@ -205,7 +264,8 @@ async fn the_services_follow_a_failover_to_the_promoted_standby_and_lose_nothing
             command
                 .env("TRANSFERENCIAS_DATABASE_URL", &urls.0)
                 .env("LEDGER_DATABASE_URL", &urls.1)
-                .env("RUST_LOG", "warn,database=info");
+                .env("RUST_LOG", "info");
+            logs_to_a_file(command, "failover");
         })
         .await;
     open_accounts(&system).await;
@@ -255,6 +315,7 @@ async fn a_frozen_database_is_reported_and_its_timed_out_statements_are_retried_
                 // a statement cancelled by the timeout must not be the record's fault: with no
                 // retries at all, a transient classification would dead-letter it at once
                 .env("LEDGER_RETRIES", "0");
+            logs_to_a_file(command, "freeze");
         })
         .await;
     open_accounts(&system).await;

@@ -17,6 +17,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::Parser;
+use contracts::topics::groups;
 use serde::Serialize;
 
 use loadgen::Report;
@@ -132,23 +133,57 @@ struct HopSpec {
     name: &'static str,
     metric: &'static str,
     labels: &'static [(&'static str, &'static str)],
+    /// Consumer groups (without the run's topic prefix) whose samples the hop sums; none: any.
+    groups: &'static [&'static str],
 }
 
-const HOPS: [HopSpec; 6] = [
-    HopSpec {
-        name: "api_post",
-        metric: "http_server_request_duration_seconds",
-        labels: &[("method", "POST"), ("route", "/transferencias")],
-    },
-    HopSpec {
-        name: "relay_transferencias",
-        metric: "outbox_delivery_seconds",
-        labels: &[("database", "transferencias")],
-    },
-    HopSpec { name: "antifraude_transaction", metric: "antifraud_transaction_seconds", labels: &[] },
-    HopSpec { name: "ledger_settlement", metric: "ledger_settlement_seconds", labels: &[] },
-    HopSpec { name: "relay_ledger", metric: "outbox_delivery_seconds", labels: &[("database", "ledger")] },
-    HopSpec { name: "consumer_batch", metric: "kafka_batch_handling_seconds", labels: &[] },
+impl HopSpec {
+    /// The samples of this hop in a run whose topics and groups carry `prefix`.
+    fn filter(&self, prefix: &str) -> Vec<(&'static str, Vec<String>)> {
+        let mut filter: Vec<(&'static str, Vec<String>)> =
+            self.labels.iter().map(|(name, value)| (*name, vec![(*value).to_owned()])).collect();
+        if !self.groups.is_empty() {
+            filter.push(("group", self.groups.iter().map(|group| format!("{prefix}{group}")).collect()));
+        }
+        filter
+    }
+}
+
+const fn hop(
+    name: &'static str,
+    metric: &'static str,
+    labels: &'static [(&'static str, &'static str)],
+) -> HopSpec {
+    HopSpec { name, metric, labels, groups: &[] }
+}
+
+/// `kafka_batch_handling_seconds` of some groups: one consumer runtime's batches, from the first
+/// record handed to the handler to its verdicts (the handler's database or Kafka transaction
+/// included; not the fetch before, nor the offset store after).
+const fn batches(name: &'static str, groups: &'static [&'static str]) -> HopSpec {
+    HopSpec { name, metric: "kafka_batch_handling_seconds", labels: &[], groups }
+}
+
+/// The notification retry stages' groups (`CONTRACT.md` §3), checked against
+/// `groups::notifications_retry` by a test.
+const NOTIFICATION_RETRY_GROUPS: [&str; 3] =
+    ["notificacoes-retry-1000", "notificacoes-retry-2000", "notificacoes-retry-4000"];
+
+const HOPS: [HopSpec; 10] = [
+    hop(
+        "api_post",
+        "http_server_request_duration_seconds",
+        &[("method", "POST"), ("route", "/transferencias")],
+    ),
+    hop("relay_transferencias", "outbox_delivery_seconds", &[("database", "transferencias")]),
+    hop("antifraude_transaction", "antifraud_transaction_seconds", &[]),
+    hop("ledger_settlement", "ledger_settlement_seconds", &[]),
+    hop("relay_ledger", "outbox_delivery_seconds", &[("database", "ledger")]),
+    batches("batch_antifraude", &[groups::ANTIFRAUD]),
+    batches("batch_ledger", &[groups::LEDGER]),
+    batches("batch_projecao", &[groups::TRANSFERS_PROJECTION]),
+    batches("batch_notificacoes", &[groups::NOTIFICATIONS]),
+    batches("batch_notificacoes_retry", &NOTIFICATION_RETRY_GROUPS),
 ];
 
 #[tokio::main]
@@ -276,4 +311,26 @@ async fn main() -> anyhow::Result<()> {
     eprintln!("bench: results, summary and plot in {}", args.out.display());
     println!("{comparison_json}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_retry_hop_names_the_contract_s_retry_groups() {
+        let contract: Vec<String> = contracts::topics::RETRY_DELAYS_MS
+            .iter()
+            .map(|&delay| groups::notifications_retry(delay))
+            .collect();
+        assert_eq!(NOTIFICATION_RETRY_GROUPS.to_vec(), contract);
+    }
+
+    #[test]
+    fn a_group_hop_matches_the_run_s_prefixed_groups() {
+        let spec = HOPS.iter().find(|spec| spec.name == "batch_ledger").expect("ledger hop");
+        assert_eq!(spec.filter("bench-1-fast."), [("group", vec!["bench-1-fast.ledger".to_owned()])]);
+        let api = HOPS.iter().find(|spec| spec.name == "api_post").expect("api hop");
+        assert_eq!(api.filter("p.").len(), 2, "no group filter on a hop without groups");
+    }
 }

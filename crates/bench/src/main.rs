@@ -59,6 +59,17 @@ struct Args {
     #[arg(long, default_value = "zipf:1.1")]
     skew: String,
 
+    /// Loads to run, in this order: `flat` (closed loop, uniform), `200` (200/s open loop),
+    /// `zipf` (flat out with --skew), `hot-credit` and `hot-debit` (flat out, every transfer
+    /// crediting, resp. debiting, one account), `sweep` (the open-loop rates of the plot).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "flat,200,zipf,hot-credit,hot-debit,sweep",
+        value_parser = ["flat", "200", "zipf", "hot-credit", "hot-debit", "sweep"]
+    )]
+    loads: Vec<String>,
+
     /// Offered rates (transfers/s) of the fast profile's sweep.
     #[arg(long, value_delimiter = ',', default_value = "100,200,400,800,1200,1600")]
     fast_rates: Vec<u32>,
@@ -186,6 +197,39 @@ const HOPS: [HopSpec; 10] = [
     batches("batch_notificacoes_retry", &NOTIFICATION_RETRY_GROUPS),
 ];
 
+/// The loads other than the sweep that `--loads` asks for, in its order: name, open-loop rate
+/// (none: closed loop), loadgen's arguments.
+fn main_loads(args: &Args) -> Vec<(String, Option<u32>, Vec<String>)> {
+    let duration = args.duration.to_string();
+    let flat_out = |skew: Option<&str>| {
+        let mut extra: Vec<String> = ["--rate", "0", "--concurrency", &args.flat_concurrency.to_string()]
+            .into_iter()
+            .map(String::from)
+            .collect();
+        extra.extend(["--duration".to_owned(), duration.clone()]);
+        if let Some(skew) = skew {
+            extra.extend(["--skew".to_owned(), skew.to_owned()]);
+        }
+        extra
+    };
+    args.loads
+        .iter()
+        .filter_map(|load| match load.as_str() {
+            "flat" => Some(("flat out".to_owned(), None, flat_out(None))),
+            "200" => Some((
+                "200/s".to_owned(),
+                Some(200),
+                vec!["--rate".into(), "200".into(), "--duration".into(), duration.clone()],
+            )),
+            "zipf" => Some((format!("flat out {}", args.skew), None, flat_out(Some(&args.skew)))),
+            hot @ ("hot-credit" | "hot-debit") => {
+                Some((format!("flat out {hot}"), None, flat_out(Some(hot))))
+            }
+            _ => None, // the sweep runs after these
+        })
+        .collect()
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -202,41 +246,7 @@ async fn main() -> anyhow::Result<()> {
     let mut sweeps = Vec::new();
     for profile in &args.profiles {
         let system = System::start(&args, &binary, profile, &run).await?;
-        let duration = args.duration.to_string();
-        let flat = args.flat_concurrency.to_string();
-        let loads: Vec<(String, Option<u32>, Vec<String>)> = vec![
-            (
-                "flat out".into(),
-                None,
-                vec![
-                    "--rate".into(),
-                    "0".into(),
-                    "--concurrency".into(),
-                    flat.clone(),
-                    "--duration".into(),
-                    duration.clone(),
-                ],
-            ),
-            (
-                "200/s".into(),
-                Some(200),
-                vec!["--rate".into(), "200".into(), "--duration".into(), duration.clone()],
-            ),
-            (
-                format!("flat out {}", args.skew),
-                None,
-                vec![
-                    "--rate".into(),
-                    "0".into(),
-                    "--concurrency".into(),
-                    flat,
-                    "--duration".into(),
-                    duration,
-                    "--skew".into(),
-                    args.skew.clone(),
-                ],
-            ),
-        ];
+        let loads = main_loads(&args);
         // a first, unrecorded load: producers' transactions initialised, partition leaders
         // known, connection pools filled, so the first measured load does not pay for them
         let warm_up = ["--rate", "100", "--duration", "3"].map(String::from);
@@ -251,6 +261,7 @@ async fn main() -> anyhow::Result<()> {
             }
         }
         let rates = if profile == "fast" { &args.fast_rates } else { &args.reference_rates };
+        let rates = if args.loads.iter().any(|load| load == "sweep") { rates.as_slice() } else { &[] };
         let mut points = Vec::new();
         for &rate in rates.iter().filter(|_| outcome.is_ok()) {
             let extra =
@@ -324,6 +335,24 @@ mod tests {
             .map(|&delay| groups::notifications_retry(delay))
             .collect();
         assert_eq!(NOTIFICATION_RETRY_GROUPS.to_vec(), contract);
+    }
+
+    #[test]
+    fn loads_run_in_the_order_asked_and_hot_loads_are_flat_out_with_their_skew() {
+        let args =
+            Args::parse_from(["pagamentos-bench", "--out", "/tmp/x", "--loads", "hot-debit,flat,sweep"]);
+        let loads = main_loads(&args);
+        let names: Vec<&str> = loads.iter().map(|(name, _, _)| name.as_str()).collect();
+        assert_eq!(names, ["flat out hot-debit", "flat out"]);
+        let (_, rate, extra) = &loads[0];
+        assert_eq!(*rate, None, "closed loop");
+        assert_eq!(extra.join(" "), "--rate 0 --concurrency 256 --duration 20 --skew hot-debit");
+        let every = Args::parse_from(["pagamentos-bench", "--out", "/tmp/x"]);
+        let names: Vec<String> = main_loads(&every).into_iter().map(|(name, _, _)| name).collect();
+        assert_eq!(
+            names,
+            ["flat out", "200/s", "flat out zipf:1.1", "flat out hot-credit", "flat out hot-debit"]
+        );
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! `pagamentos-bench`, the driver behind `scripts/bench` (`CONTRACT.md` §1, issue #10): for each
 //! profile it starts `pagamentos all --profile P` on fresh databases and topics, drives the same
 //! loads through `pagamentos loadgen` (closed-loop flat out, 200/s open loop, Zipf-skewed flat
-//! out, then an open-loop sweep of rates for the plot), samples CPU and RSS of pagamentos,
+//! out, flat out crediting and then debiting one hot account, then an open-loop sweep of rates
+//! for the plot; `--loads` picks some), samples CPU and RSS of pagamentos,
 //! Kafka and PostgreSQL and PostgreSQL's commits/s, reads each hop's latency from the
 //! services' histograms, writes `results.json`, `summary.md` and the latency-vs-load plot,
 //! and prints `{"fast": …, "reference": …, "ratio": {"throughput", "p99"}}` as its last line.

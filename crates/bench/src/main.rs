@@ -60,9 +60,10 @@ struct Args {
     #[arg(long, default_value = "zipf:1.1")]
     skew: String,
 
-    /// Loads to run, in the order given (the sweep last): `flat` (closed loop, uniform), `200` (200/s open loop),
-    /// `zipf` (flat out with --skew), `hot-credit` and `hot-debit` (flat out, every transfer
-    /// crediting, resp. debiting, one account), `sweep` (the open-loop rates of the plot).
+    /// Loads to run, in the order given (the sweep last): `flat` (closed loop, uniform), `200`
+    /// (200/s open loop), `zipf` (flat out with --skew), `hot-credit` and `hot-debit` (flat out,
+    /// every transfer crediting, resp. debiting, one account), `sweep` (the open-loop rates of
+    /// the plot).
     #[arg(
         long,
         value_delimiter = ',',

@@ -1,7 +1,8 @@
 //! `pagamentos-bench`, the driver behind `scripts/bench` (`CONTRACT.md` §1, issue #10): for each
 //! profile it starts `pagamentos all --profile P` on fresh databases and topics, drives the same
 //! loads through `pagamentos loadgen` (closed-loop flat out, 200/s open loop, Zipf-skewed flat
-//! out, then an open-loop sweep of rates for the plot), samples CPU and RSS of pagamentos,
+//! out, flat out crediting and then debiting one hot account, then an open-loop sweep of rates
+//! for the plot; `--loads` picks some), samples CPU and RSS of pagamentos,
 //! Kafka and PostgreSQL and PostgreSQL's commits/s, reads each hop's latency from the
 //! services' histograms, writes `results.json`, `summary.md` and the latency-vs-load plot,
 //! and prints `{"fast": …, "reference": …, "ratio": {"throughput", "p99"}}` as its last line.
@@ -17,6 +18,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::Parser;
+use contracts::topics::groups;
 use serde::Serialize;
 
 use loadgen::Report;
@@ -57,6 +59,18 @@ struct Args {
     /// Skew of the Zipf load.
     #[arg(long, default_value = "zipf:1.1")]
     skew: String,
+
+    /// Loads to run, in the order given (the sweep last): `flat` (closed loop, uniform), `200`
+    /// (200/s open loop), `zipf` (flat out with --skew), `hot-credit` and `hot-debit` (flat out,
+    /// every transfer crediting, resp. debiting, one account), `sweep` (the open-loop rates of
+    /// the plot).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "flat,200,zipf,hot-credit,hot-debit,sweep",
+        value_parser = ["flat", "200", "zipf", "hot-credit", "hot-debit", "sweep"]
+    )]
+    loads: Vec<String>,
 
     /// Offered rates (transfers/s) of the fast profile's sweep.
     #[arg(long, value_delimiter = ',', default_value = "100,200,400,800,1200,1600")]
@@ -132,24 +146,91 @@ struct HopSpec {
     name: &'static str,
     metric: &'static str,
     labels: &'static [(&'static str, &'static str)],
+    /// Consumer groups (without the run's topic prefix) whose samples the hop sums; none: any.
+    groups: &'static [&'static str],
 }
 
-const HOPS: [HopSpec; 6] = [
-    HopSpec {
-        name: "api_post",
-        metric: "http_server_request_duration_seconds",
-        labels: &[("method", "POST"), ("route", "/transferencias")],
-    },
-    HopSpec {
-        name: "relay_transferencias",
-        metric: "outbox_delivery_seconds",
-        labels: &[("database", "transferencias")],
-    },
-    HopSpec { name: "antifraude_transaction", metric: "antifraud_transaction_seconds", labels: &[] },
-    HopSpec { name: "ledger_settlement", metric: "ledger_settlement_seconds", labels: &[] },
-    HopSpec { name: "relay_ledger", metric: "outbox_delivery_seconds", labels: &[("database", "ledger")] },
-    HopSpec { name: "consumer_batch", metric: "kafka_batch_handling_seconds", labels: &[] },
+impl HopSpec {
+    /// The samples of this hop in a run whose topics and groups carry `prefix`.
+    fn filter(&self, prefix: &str) -> Vec<(&'static str, Vec<String>)> {
+        let mut filter: Vec<(&'static str, Vec<String>)> =
+            self.labels.iter().map(|(name, value)| (*name, vec![(*value).to_owned()])).collect();
+        if !self.groups.is_empty() {
+            filter.push(("group", self.groups.iter().map(|group| format!("{prefix}{group}")).collect()));
+        }
+        filter
+    }
+}
+
+const fn hop(
+    name: &'static str,
+    metric: &'static str,
+    labels: &'static [(&'static str, &'static str)],
+) -> HopSpec {
+    HopSpec { name, metric, labels, groups: &[] }
+}
+
+/// `kafka_batch_handling_seconds` of some groups: one consumer runtime's batches, from the first
+/// record handed to the handler to its verdicts (the handler's database or Kafka transaction
+/// included; not the fetch before, nor the offset store after).
+const fn batches(name: &'static str, groups: &'static [&'static str]) -> HopSpec {
+    HopSpec { name, metric: "kafka_batch_handling_seconds", labels: &[], groups }
+}
+
+/// The notification retry stages' groups (`CONTRACT.md` §3), checked against
+/// `groups::notifications_retry` by a test.
+const NOTIFICATION_RETRY_GROUPS: [&str; 3] =
+    ["notificacoes-retry-1000", "notificacoes-retry-2000", "notificacoes-retry-4000"];
+
+const HOPS: [HopSpec; 10] = [
+    hop(
+        "api_post",
+        "http_server_request_duration_seconds",
+        &[("method", "POST"), ("route", "/transferencias")],
+    ),
+    hop("relay_transferencias", "outbox_delivery_seconds", &[("database", "transferencias")]),
+    hop("antifraude_transaction", "antifraud_transaction_seconds", &[]),
+    hop("ledger_settlement", "ledger_settlement_seconds", &[]),
+    hop("relay_ledger", "outbox_delivery_seconds", &[("database", "ledger")]),
+    batches("batch_antifraude", &[groups::ANTIFRAUD]),
+    batches("batch_ledger", &[groups::LEDGER]),
+    batches("batch_projecao", &[groups::TRANSFERS_PROJECTION]),
+    batches("batch_notificacoes", &[groups::NOTIFICATIONS]),
+    batches("batch_notificacoes_retry", &NOTIFICATION_RETRY_GROUPS),
 ];
+
+/// The loads other than the sweep that `--loads` asks for, in its order: name, open-loop rate
+/// (none: closed loop), loadgen's arguments.
+fn main_loads(args: &Args) -> Vec<(String, Option<u32>, Vec<String>)> {
+    let duration = args.duration.to_string();
+    let flat_out = |skew: Option<&str>| {
+        let mut extra: Vec<String> = ["--rate", "0", "--concurrency", &args.flat_concurrency.to_string()]
+            .into_iter()
+            .map(String::from)
+            .collect();
+        extra.extend(["--duration".to_owned(), duration.clone()]);
+        if let Some(skew) = skew {
+            extra.extend(["--skew".to_owned(), skew.to_owned()]);
+        }
+        extra
+    };
+    args.loads
+        .iter()
+        .filter_map(|load| match load.as_str() {
+            "flat" => Some(("flat out".to_owned(), None, flat_out(None))),
+            "200" => Some((
+                "200/s".to_owned(),
+                Some(200),
+                vec!["--rate".into(), "200".into(), "--duration".into(), duration.clone()],
+            )),
+            "zipf" => Some((format!("flat out {}", args.skew), None, flat_out(Some(&args.skew)))),
+            hot @ ("hot-credit" | "hot-debit") => {
+                Some((format!("flat out {hot}"), None, flat_out(Some(hot))))
+            }
+            _ => None, // the sweep runs after these
+        })
+        .collect()
+}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -167,41 +248,7 @@ async fn main() -> anyhow::Result<()> {
     let mut sweeps = Vec::new();
     for profile in &args.profiles {
         let system = System::start(&args, &binary, profile, &run).await?;
-        let duration = args.duration.to_string();
-        let flat = args.flat_concurrency.to_string();
-        let loads: Vec<(String, Option<u32>, Vec<String>)> = vec![
-            (
-                "flat out".into(),
-                None,
-                vec![
-                    "--rate".into(),
-                    "0".into(),
-                    "--concurrency".into(),
-                    flat.clone(),
-                    "--duration".into(),
-                    duration.clone(),
-                ],
-            ),
-            (
-                "200/s".into(),
-                Some(200),
-                vec!["--rate".into(), "200".into(), "--duration".into(), duration.clone()],
-            ),
-            (
-                format!("flat out {}", args.skew),
-                None,
-                vec![
-                    "--rate".into(),
-                    "0".into(),
-                    "--concurrency".into(),
-                    flat,
-                    "--duration".into(),
-                    duration,
-                    "--skew".into(),
-                    args.skew.clone(),
-                ],
-            ),
-        ];
+        let loads = main_loads(&args);
         // a first, unrecorded load: producers' transactions initialised, partition leaders
         // known, connection pools filled, so the first measured load does not pay for them
         let warm_up = ["--rate", "100", "--duration", "3"].map(String::from);
@@ -216,6 +263,7 @@ async fn main() -> anyhow::Result<()> {
             }
         }
         let rates = if profile == "fast" { &args.fast_rates } else { &args.reference_rates };
+        let rates = if args.loads.iter().any(|load| load == "sweep") { rates.as_slice() } else { &[] };
         let mut points = Vec::new();
         for &rate in rates.iter().filter(|_| outcome.is_ok()) {
             let extra =
@@ -276,4 +324,44 @@ async fn main() -> anyhow::Result<()> {
     eprintln!("bench: results, summary and plot in {}", args.out.display());
     println!("{comparison_json}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_retry_hop_names_the_contract_s_retry_groups() {
+        let contract: Vec<String> = contracts::topics::RETRY_DELAYS_MS
+            .iter()
+            .map(|&delay| groups::notifications_retry(delay))
+            .collect();
+        assert_eq!(NOTIFICATION_RETRY_GROUPS.to_vec(), contract);
+    }
+
+    #[test]
+    fn loads_run_in_the_order_asked_and_hot_loads_are_flat_out_with_their_skew() {
+        let args =
+            Args::parse_from(["pagamentos-bench", "--out", "/tmp/x", "--loads", "hot-debit,flat,sweep"]);
+        let loads = main_loads(&args);
+        let names: Vec<&str> = loads.iter().map(|(name, _, _)| name.as_str()).collect();
+        assert_eq!(names, ["flat out hot-debit", "flat out"]);
+        let (_, rate, extra) = &loads[0];
+        assert_eq!(*rate, None, "closed loop");
+        assert_eq!(extra.join(" "), "--rate 0 --concurrency 256 --duration 20 --skew hot-debit");
+        let every = Args::parse_from(["pagamentos-bench", "--out", "/tmp/x"]);
+        let names: Vec<String> = main_loads(&every).into_iter().map(|(name, _, _)| name).collect();
+        assert_eq!(
+            names,
+            ["flat out", "200/s", "flat out zipf:1.1", "flat out hot-credit", "flat out hot-debit"]
+        );
+    }
+
+    #[test]
+    fn a_group_hop_matches_the_run_s_prefixed_groups() {
+        let spec = HOPS.iter().find(|spec| spec.name == "batch_ledger").expect("ledger hop");
+        assert_eq!(spec.filter("bench-1-fast."), [("group", vec!["bench-1-fast.ledger".to_owned()])]);
+        let api = HOPS.iter().find(|spec| spec.name == "api_post").expect("api hop");
+        assert_eq!(api.filter("p.").len(), 2, "no group filter on a hop without groups");
+    }
 }

@@ -29,9 +29,9 @@ impl Scrape {
         Self(samples)
     }
 
-    /// Bucket counts (upper bound, cumulative count) of histogram `name` whose labels contain
-    /// every `filter` pair, summed over the other labels.
-    fn buckets(&self, name: &str, filter: &[(&str, &str)]) -> Vec<(f64, f64)> {
+    /// Bucket counts (upper bound, cumulative count) of histogram `name` whose labels match
+    /// `filter`, summed over the other labels.
+    fn buckets(&self, name: &str, filter: &Filter<'_>) -> Vec<(f64, f64)> {
         let prefix = format!("{name}_bucket{{");
         let mut by_bound: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
         for (key, value) in &self.0 {
@@ -39,7 +39,7 @@ impl Scrape {
                 continue;
             };
             let labels = parse_labels(labels);
-            if !filter.iter().all(|(k, v)| labels.get(*k).map(String::as_str) == Some(*v)) {
+            if !matches(&labels, filter) {
                 continue;
             }
             let Some(le) = labels.get("le") else { continue };
@@ -52,7 +52,7 @@ impl Scrape {
         buckets
     }
 
-    fn sum_count(&self, name: &str, filter: &[(&str, &str)]) -> (f64, f64) {
+    fn sum_count(&self, name: &str, filter: &Filter<'_>) -> (f64, f64) {
         let mut totals = (0.0, 0.0);
         for (key, value) in &self.0 {
             for (suffix, slot) in [("_sum", 0), ("_count", 1)] {
@@ -64,7 +64,7 @@ impl Scrape {
                     continue;
                 }
                 let labels = parse_labels(labels);
-                if filter.iter().all(|(k, v)| labels.get(*k).map(String::as_str) == Some(*v)) {
+                if matches(&labels, filter) {
                     if slot == 0 {
                         totals.0 += value;
                     } else {
@@ -75,6 +75,13 @@ impl Scrape {
         }
         totals
     }
+}
+
+/// Which samples a hop sums: for each label name, the values it may have (any of them).
+pub type Filter<'a> = [(&'a str, Vec<String>)];
+
+fn matches(labels: &BTreeMap<String, String>, filter: &Filter<'_>) -> bool {
+    filter.iter().all(|(name, values)| labels.get(*name).is_some_and(|value| values.contains(value)))
 }
 
 fn parse_labels(text: &str) -> BTreeMap<String, String> {
@@ -96,7 +103,7 @@ pub struct Hop {
 }
 
 /// Histogram `name` (filtered by labels) between two scrapes.
-pub fn hop(before: &Scrape, after: &Scrape, name: &str, filter: &[(&str, &str)]) -> Option<Hop> {
+pub fn hop(before: &Scrape, after: &Scrape, name: &str, filter: &Filter<'_>) -> Option<Hop> {
     let (sum0, count0) = before.sum_count(name, filter);
     let (sum1, count1) = after.sum_count(name, filter);
     let count = count1 - count0;
@@ -174,7 +181,7 @@ outbox_delivery_seconds_count{database="transferencias"} 100
             &Scrape::parse(BEFORE),
             &Scrape::parse(&after),
             "outbox_delivery_seconds",
-            &[("database", "ledger")],
+            &[("database", vec!["ledger".into()])],
         )
         .expect("traffic");
         assert_eq!(hop.count, 100);
@@ -185,6 +192,33 @@ outbox_delivery_seconds_count{database="transferencias"} 100
         // no traffic, no figures
         assert!(super::hop(&Scrape::parse(BEFORE), &Scrape::parse(BEFORE), "outbox_delivery_seconds", &[])
             .is_none());
+    }
+
+    #[test]
+    fn a_hop_may_sum_several_values_of_a_label() {
+        let before = "kafka_batch_handling_seconds_bucket{group=\"p.a\",le=\"0.01\"} 0\n\
+kafka_batch_handling_seconds_bucket{group=\"p.a\",le=\"+Inf\"} 0\n\
+kafka_batch_handling_seconds_sum{group=\"p.a\"} 0\n\
+kafka_batch_handling_seconds_count{group=\"p.a\"} 0\n";
+        let after = "kafka_batch_handling_seconds_bucket{group=\"p.a\",le=\"0.01\"} 3\n\
+kafka_batch_handling_seconds_bucket{group=\"p.a\",le=\"+Inf\"} 3\n\
+kafka_batch_handling_seconds_sum{group=\"p.a\"} 0.015\n\
+kafka_batch_handling_seconds_count{group=\"p.a\"} 3\n\
+kafka_batch_handling_seconds_bucket{group=\"p.b\",le=\"0.01\"} 1\n\
+kafka_batch_handling_seconds_bucket{group=\"p.b\",le=\"+Inf\"} 1\n\
+kafka_batch_handling_seconds_sum{group=\"p.b\"} 0.005\n\
+kafka_batch_handling_seconds_count{group=\"p.b\"} 1\n\
+kafka_batch_handling_seconds_bucket{group=\"p.c\",le=\"0.01\"} 0\n\
+kafka_batch_handling_seconds_bucket{group=\"p.c\",le=\"+Inf\"} 5\n\
+kafka_batch_handling_seconds_sum{group=\"p.c\"} 5\n\
+kafka_batch_handling_seconds_count{group=\"p.c\"} 5\n";
+        let (before, after) = (Scrape::parse(before), Scrape::parse(after));
+        let name = "kafka_batch_handling_seconds";
+        let one = hop(&before, &after, name, &[("group", vec!["p.a".into()])]).expect("a");
+        assert_eq!((one.count, one.mean_ms), (3, 5.0));
+        let two = hop(&before, &after, name, &[("group", vec!["p.a".into(), "p.b".into()])]).expect("a, b");
+        assert_eq!((two.count, two.mean_ms), (4, 5.0), "c is not summed");
+        assert!(hop(&before, &after, name, &[("group", vec!["p.d".into()])]).is_none());
     }
 
     #[test]

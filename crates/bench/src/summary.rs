@@ -32,22 +32,38 @@ pub(crate) fn ratio(numerator: f64, denominator: f64) -> f64 {
     (numerator / denominator * 1000.0).round() / 1000.0
 }
 
+/// CPU milliseconds of pagamentos, Kafka and PostgreSQL (not the load generator) per final
+/// transfer over the load: the "CPU per transfer".
+pub(crate) fn cpu_ms_per_transfer(run: &Measured) -> f64 {
+    let finals = run.report.settled + run.report.rejected;
+    if finals == 0 {
+        return 0.0;
+    }
+    let percent: f64 = [Part::Pagamentos, Part::Kafka, Part::Postgres]
+        .iter()
+        .map(|part| run.cpu_percent.get(part).copied().unwrap_or(0.0))
+        .sum();
+    let cpu_seconds = percent / 100.0 * run.seconds;
+    (cpu_seconds * 1_000.0 / finals as f64 * 100.0).round() / 100.0
+}
+
 pub(crate) fn summary(args: &Args, runs: &[Measured], comparison: &str, date: &str, plot: &str) -> String {
     let mut text = format!(
-        "## {date} — scripts/bench, commit `{}`\n\nMachine: {}. Loads: flat out = closed loop with {} transfers in flight end to end; 200/s = open loop; Zipf = flat out with `--skew {}`; sweep = open loop, {} s each. {} accounts per load. CPU in % of one core over the load (sending + draining).\n\n",
+        "## {date} — scripts/bench, commit `{}`\n\nMachine: {}. Loads: flat out = closed loop with {} transfers in flight end to end; 200/s = open loop; Zipf = flat out with `--skew {}`; hot-credit / hot-debit = flat out with every transfer crediting / debiting one account (the debited one opens with as much as all the others together); sweep = open loop, {} s each. {} accounts per load. CPU in % of one core over the load (sending + draining); CPU ms per transfer = CPU seconds of pagamentos + Kafka + PostgreSQL over the load ÷ final transfers.\n\n",
         args.commit, machine(), args.flat_concurrency, args.skew, args.sweep_duration, args.accounts
     );
-    text.push_str("| profile | load | sent | final | lost | throughput/s | p50 ms | p95 ms | p99 ms | max ms | CPU % pagamentos / kafka / postgres / loadgen | memory MiB (PSS) pagamentos / kafka / postgres | PG commits/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    text.push_str("| profile | load | sent | final | rejected | lost | throughput/s | p50 ms | p95 ms | p99 ms | max ms | CPU % pagamentos / kafka / postgres / loadgen | CPU ms per transfer | memory MiB (PSS) pagamentos / kafka / postgres | PG commits/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for run in runs {
         let r = &run.report;
         let cpu = |part| run.cpu_percent.get(&part).copied().unwrap_or(0.0);
         let mem = |part| run.memory_mib_max.get(&part).copied().unwrap_or(0.0);
         text.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {} / {} | {} / {} / {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {} / {} | {} | {} / {} / {} | {} |\n",
             run.profile,
             run.load,
             r.sent,
             r.settled + r.rejected,
+            r.rejected,
             r.lost,
             r.throughput_per_s,
             r.latency_ms.p50,
@@ -58,6 +74,7 @@ pub(crate) fn summary(args: &Args, runs: &[Measured], comparison: &str, date: &s
             cpu(Part::Kafka),
             cpu(Part::Postgres),
             cpu(Part::Loadgen),
+            cpu_ms_per_transfer(run),
             mem(Part::Pagamentos),
             mem(Part::Kafka),
             mem(Part::Postgres),

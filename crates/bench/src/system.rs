@@ -202,7 +202,8 @@ impl System {
         let hops = HOPS
             .iter()
             .filter_map(|spec| {
-                prom::hop(&scrape_before, &scrape_after, spec.metric, spec.labels).map(|hop| (spec.name, hop))
+                prom::hop(&scrape_before, &scrape_after, spec.metric, &spec.filter(&self.prefix))
+                    .map(|hop| (spec.name, hop))
             })
             .collect();
         let measured = Measured {

@@ -280,6 +280,9 @@ async fn consume<H: Handler>(
     shutdown: &CancellationToken,
 ) -> Result<(), Error> {
     let revocations = io.revocations();
+    // per group, so that a process running several consumers (`pagamentos all`) tells them apart
+    let handling_seconds =
+        metrics::histogram!("kafka_batch_handling_seconds", "group" => io.group().to_owned());
     // records taken while a failed batch waited for its retry (their partitions then paused),
     // and released records beyond one batch
     let mut carried = Batch::default();
@@ -360,7 +363,7 @@ async fn consume<H: Handler>(
                     continue;
                 }
             };
-            metrics::histogram!("kafka_batch_handling_seconds").record(started.elapsed().as_secs_f64());
+            handling_seconds.record(started.elapsed().as_secs_f64());
             attempt = 0;
             let Walk { mut fates, retry } =
                 walk(&batch.records, verdicts).map_err(|error| Error::Fatal(Box::new(error)))?;

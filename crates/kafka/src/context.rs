@@ -28,13 +28,21 @@ pub struct Context {
     /// The last time a broker refused this client (authentication, TLS), librdkafka's words:
     /// behind a "broker transport failure" it is the reason an operator needs.
     refusal: Arc<Mutex<Option<String>>>,
+    /// The consumer's `group.id` as configured (empty for other clients): the `group` label of
+    /// what the consumer runtime measures, read from the one place that sets it.
+    group: Arc<str>,
 }
 
 /// A clone shares the revocations, not the binding: a client created with a clone of another
 /// client's context must not add brokers to that other client.
 impl Clone for Context {
     fn clone(&self) -> Self {
-        Self { revocations: self.revocations.clone(), rebootstrap: Arc::default(), refusal: Arc::default() }
+        Self {
+            revocations: self.revocations.clone(),
+            rebootstrap: Arc::default(),
+            refusal: Arc::default(),
+            group: self.group.clone(),
+        }
     }
 }
 
@@ -43,6 +51,11 @@ impl Context {
     /// certificate error), if one did.
     pub fn refusal(&self) -> Option<String> {
         self.refusal.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// The consumer group this client was configured with (`group.id`); empty when none.
+    pub fn group(&self) -> &str {
+        &self.group
     }
 }
 
@@ -80,7 +93,7 @@ impl KafkaClient for AdminClient<Context> {
 /// [`crate::config::STATISTICS_INTERVAL`] ([`crate::config`] sets it) let a client that lost
 /// every broker add its bootstrap servers again ([`crate::rebootstrap`]).
 pub fn create<T: KafkaClient>(config: &ClientConfig) -> KafkaResult<T> {
-    let context = Context::default();
+    let context = Context { group: config.get("group.id").unwrap_or_default().into(), ..Context::default() };
     let rebootstrap = context.rebootstrap.clone();
     let client: T = config.create_with_context(context)?;
     rebootstrap.bind(
@@ -284,9 +297,10 @@ mod tests {
     #[test]
     fn create_binds_the_client_s_own_context() {
         let mut config = crate::config::base_consumer_settings(&crate::KafkaArgs::new("127.0.0.1:1"), "test");
-        config.set("group.id", "test");
+        config.set("group.id", "test-group");
         let consumer: BaseConsumer<Context> = create(&config).expect("consumer");
         assert!(consumer.context().rebootstrap.is_bound());
+        assert_eq!(consumer.context().group(), "test-group", "the group id the runtime labels with");
     }
 
     #[test]

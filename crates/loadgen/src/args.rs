@@ -22,8 +22,11 @@ pub struct LoadgenArgs {
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(2..=1_000_000))]
     pub accounts: u32,
 
-    /// How each transfer's accounts are drawn: `uniform`, or `zipf:S` (S ≥ 0; the larger S,
-    /// the more traffic lands on a few hot accounts).
+    /// How each transfer's accounts are drawn: `uniform`; `zipf:S` (S ≥ 0; the larger S, the
+    /// more traffic lands on a few hot accounts); `hot-credit` (every transfer credits account 0,
+    /// from an account drawn uniformly from the others) or `hot-debit` (every transfer debits
+    /// account 0, which then opens with --opening-balance-cents × --accounts, as much as all
+    /// accounts together, so that it does not run short and turn the load into rejections).
     #[arg(long, default_value = "uniform")]
     pub skew: Skew,
 
@@ -98,17 +101,33 @@ pub enum Skew {
     Uniform,
     /// Zipf's law with exponent `s`: rank k is drawn with weight 1/k^s.
     Zipf(f64),
+    /// Every transfer credits one account (the first); sources drawn uniformly from the rest.
+    /// The ledger's hot row, with the events keyed (by source) over every partition.
+    HotCredit,
+    /// Every transfer debits one account (the first); destinations drawn uniformly from the
+    /// rest. The hot row and, the events being keyed by source, one partition of every topic.
+    HotDebit,
+}
+
+impl Skew {
+    /// The account every transfer debits, if one does.
+    pub fn hot_debit_account(self) -> Option<u32> {
+        (self == Self::HotDebit).then_some(0)
+    }
 }
 
 impl FromStr for Skew {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        if text == "uniform" {
-            return Ok(Self::Uniform);
+        match text {
+            "uniform" => return Ok(Self::Uniform),
+            "hot-credit" => return Ok(Self::HotCredit),
+            "hot-debit" => return Ok(Self::HotDebit),
+            _ => {}
         }
         let Some(exponent) = text.strip_prefix("zipf:") else {
-            return Err(format!("{text:?} is not `uniform` or `zipf:S`"));
+            return Err(format!("{text:?} is not `uniform`, `zipf:S`, `hot-credit` or `hot-debit`"));
         };
         match exponent.parse::<f64>() {
             Ok(s) if s.is_finite() && s >= 0.0 => Ok(Self::Zipf(s)),
@@ -122,6 +141,8 @@ impl fmt::Display for Skew {
         match self {
             Self::Uniform => f.write_str("uniform"),
             Self::Zipf(s) => write!(f, "zipf:{s}"),
+            Self::HotCredit => f.write_str("hot-credit"),
+            Self::HotDebit => f.write_str("hot-debit"),
         }
     }
 }
@@ -144,10 +165,19 @@ mod tests {
         assert_eq!("uniform".parse::<Skew>(), Ok(Skew::Uniform));
         assert_eq!("zipf:1.1".parse::<Skew>(), Ok(Skew::Zipf(1.1)));
         assert_eq!("zipf:0".parse::<Skew>(), Ok(Skew::Zipf(0.0)));
-        for bad in ["zipf", "zipf:", "zipf:-1", "zipf:x", "zipf:NaN", "zipf:inf", "pareto:1", ""] {
+        assert_eq!("hot-credit".parse::<Skew>(), Ok(Skew::HotCredit));
+        assert_eq!("hot-debit".parse::<Skew>(), Ok(Skew::HotDebit));
+        for bad in
+            ["zipf", "zipf:", "zipf:-1", "zipf:x", "zipf:NaN", "zipf:inf", "pareto:1", "", "hot", "hot-"]
+        {
             assert!(bad.parse::<Skew>().is_err(), "{bad:?} accepted");
         }
+        for skew in [Skew::Uniform, Skew::Zipf(1.5), Skew::HotCredit, Skew::HotDebit] {
+            assert_eq!(skew.to_string().parse::<Skew>(), Ok(skew), "{skew} does not read back");
+        }
         assert_eq!(Skew::Zipf(1.5).to_string(), "zipf:1.5");
+        assert_eq!(Skew::HotDebit.hot_debit_account(), Some(0));
+        assert_eq!(Skew::HotCredit.hot_debit_account(), None);
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! What each transfer is: its two accounts (uniform or Zipf-skewed) and its amount.
+//! What each transfer is: its two accounts (uniform, Zipf-skewed, or one side always the hot
+//! account) and its amount.
 
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -10,9 +11,13 @@ use crate::args::Skew;
 #[derive(Debug, Clone)]
 pub struct Draw {
     accounts: u32,
+    skew: Skew,
     zipf: Option<Zipf<f64>>,
     max_amount_cents: i64,
 }
+
+/// The hot account of `hot-credit` and `hot-debit`.
+const HOT: u32 = 0;
 
 /// One transfer to send: account indexes and amount.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,11 +31,11 @@ impl Draw {
     /// `accounts ≥ 2`, `max_amount_cents ≥ 1` (the arguments' ranges).
     pub fn new(accounts: u32, skew: Skew, max_amount_cents: i64) -> Self {
         let zipf = match skew {
-            Skew::Uniform => None,
             // n ≥ 2 and s ≥ 0 finite are checked by the argument parsers
             Skew::Zipf(s) => Zipf::new(f64::from(accounts), s).ok(),
+            Skew::Uniform | Skew::HotCredit | Skew::HotDebit => None,
         };
-        Self { accounts, zipf, max_amount_cents: max_amount_cents.max(1) }
+        Self { accounts, skew, zipf, max_amount_cents: max_amount_cents.max(1) }
     }
 
     fn account(&self, rng: &mut StdRng) -> u32 {
@@ -41,14 +46,26 @@ impl Draw {
         }
     }
 
+    /// Any account but the hot one.
+    fn cold_account(&self, rng: &mut StdRng) -> u32 {
+        rng.random_range(HOT + 1..self.accounts)
+    }
+
     /// A transfer between two different accounts.
     pub fn next(&self, rng: &mut StdRng) -> Pick {
-        let source = self.account(rng);
-        let mut destination = self.account(rng);
-        while destination == source {
-            // under a steep Zipf the hottest account is drawn often: redraw uniformly
-            destination = rng.random_range(0..self.accounts);
-        }
+        let (source, destination) = match self.skew {
+            Skew::HotCredit => (self.cold_account(rng), HOT),
+            Skew::HotDebit => (HOT, self.cold_account(rng)),
+            Skew::Uniform | Skew::Zipf(_) => {
+                let source = self.account(rng);
+                let mut destination = self.account(rng);
+                while destination == source {
+                    // under a steep Zipf the hottest account is drawn often: redraw uniformly
+                    destination = rng.random_range(0..self.accounts);
+                }
+                (source, destination)
+            }
+        };
         Pick { source, destination, amount_cents: rng.random_range(1..=self.max_amount_cents) }
     }
 }
@@ -78,6 +95,40 @@ mod tests {
         // rank 1 ~ 1/H(10,1.5) ≈ 0.48 of the draws; rank 10 ≈ 1.5 %
         assert!(zipf[0] > 8_000 && zipf[9] < 800, "{zipf:?}");
         assert!(zipf.windows(2).all(|pair| pair[0] >= pair[1]), "{zipf:?}");
+    }
+
+    /// How often each account is drawn as source and as destination.
+    fn sides(draw: &Draw, accounts: usize, n: usize) -> (Vec<u32>, Vec<u32>) {
+        let mut rng = StdRng::seed_from_u64(11);
+        let (mut sources, mut destinations) = (vec![0; accounts], vec![0; accounts]);
+        for _ in 0..n {
+            let pick = draw.next(&mut rng);
+            assert_ne!(pick.source, pick.destination);
+            assert!((1..=500).contains(&pick.amount_cents));
+            sources[pick.source as usize] += 1;
+            destinations[pick.destination as usize] += 1;
+        }
+        (sources, destinations)
+    }
+
+    #[test]
+    fn hot_credit_credits_one_account_from_all_the_others() {
+        let (sources, destinations) = sides(&Draw::new(10, Skew::HotCredit, 500), 10, 18_000);
+        assert_eq!(destinations[0], 18_000, "every transfer credits the hot account: {destinations:?}");
+        assert_eq!(sources[0], 0, "the hot account never pays: {sources:?}");
+        // the other nine spread evenly, 2 000 each
+        assert!(sources[1..].iter().all(|&count| (1_600..2_400).contains(&count)), "{sources:?}");
+    }
+
+    #[test]
+    fn hot_debit_debits_one_account_to_all_the_others() {
+        let (sources, destinations) = sides(&Draw::new(10, Skew::HotDebit, 500), 10, 18_000);
+        assert_eq!(sources[0], 18_000, "every transfer debits the hot account: {sources:?}");
+        assert_eq!(destinations[0], 0, "{destinations:?}");
+        assert!(destinations[1..].iter().all(|&count| (1_600..2_400).contains(&count)), "{destinations:?}");
+        // two accounts: always 0 → 1
+        let (sources, destinations) = sides(&Draw::new(2, Skew::HotDebit, 500), 2, 100);
+        assert_eq!((sources, destinations), (vec![100, 0], vec![0, 100]));
     }
 
     #[test]

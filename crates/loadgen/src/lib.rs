@@ -55,6 +55,22 @@ pub enum LoadgenError {
     Kafka { what: &'static str, detail: String },
     #[error("the result collector failed: {0}")]
     Task(String),
+    #[error("{0}")]
+    Arguments(String),
+}
+
+/// Opening balance of account `index`: `hot-debit`'s hot account gets `accounts` times the
+/// others' (as much as all of them together), since every transfer of the run draws on it alone.
+fn opening_balance(args: &LoadgenArgs, index: u32) -> Result<i64, LoadgenError> {
+    if args.skew.hot_debit_account() != Some(index) {
+        return Ok(args.opening_balance_cents);
+    }
+    args.opening_balance_cents.checked_mul(i64::from(args.accounts)).ok_or_else(|| {
+        LoadgenError::Arguments(format!(
+            "--skew hot-debit opens its hot account with --opening-balance-cents × --accounts, and {} × {} overflows: lower one of them",
+            args.opening_balance_cents, args.accounts
+        ))
+    })
 }
 
 /// What a sender learnt about one request.
@@ -159,6 +175,8 @@ pub async fn run(args: LoadgenArgs, stop: CancellationToken) -> Result<Report, L
         args.admin_token.clone(),
         args.concurrency as usize,
     )?);
+    let balances: Vec<i64> =
+        (0..args.accounts).map(|n| opening_balance(&args, n)).collect::<Result<_, _>>()?;
     api.ready().await?;
 
     let accounts: Arc<Vec<String>> =
@@ -168,8 +186,14 @@ pub async fn run(args: LoadgenArgs, stop: CancellationToken) -> Result<Report, L
         accounts.len(),
         args.opening_balance_cents
     );
+    if let Some(hot) = args.skew.hot_debit_account() {
+        eprintln!(
+            "loadgen: the hot account {} opens with {} cents",
+            accounts[hot as usize], balances[hot as usize]
+        );
+    }
     let mut opening =
-        futures::stream::iter(accounts.iter().map(|id| api.open_account(id, args.opening_balance_cents)))
+        futures::stream::iter(accounts.iter().zip(&balances).map(|(id, &cents)| api.open_account(id, cents)))
             .buffer_unordered(ACCOUNT_CONCURRENCY);
     while let Some(result) = opening.next().await {
         result?;
@@ -487,6 +511,36 @@ mod tests {
         assert_eq!(tally.latencies.len(), 2);
         assert!((tally.latencies.summary().max - 20.0).abs() < 0.1);
         assert_eq!(tally.last_final, Some(due + Duration::from_millis(20)));
+    }
+
+    #[test]
+    fn only_the_hot_debit_account_opens_with_everyone_s_balance() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Command {
+            #[command(flatten)]
+            args: LoadgenArgs,
+        }
+        let args = |skew: &str, balance: &str| {
+            Command::parse_from([
+                "loadgen",
+                "--accounts",
+                "1000",
+                "--skew",
+                skew,
+                "--opening-balance-cents",
+                balance,
+            ])
+            .args
+        };
+        let hot = args("hot-debit", "100");
+        assert_eq!(opening_balance(&hot, 0).expect("hot"), 100_000);
+        assert_eq!(opening_balance(&hot, 1).expect("cold"), 100);
+        let credit = args("hot-credit", "100");
+        assert_eq!(opening_balance(&credit, 0).expect("credited"), 100);
+        let huge = args("hot-debit", &(i64::MAX / 10).to_string());
+        assert!(matches!(opening_balance(&huge, 0), Err(LoadgenError::Arguments(_))));
+        assert_eq!(opening_balance(&huge, 1).expect("cold"), i64::MAX / 10);
     }
 
     #[test]

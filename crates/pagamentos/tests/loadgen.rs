@@ -155,7 +155,7 @@ async fn bad_arguments_and_an_unreachable_api_get_clear_errors() {
     let system = System::new().await;
     for (args, expected) in [
         (vec!["--skew", "zipf:x"], "zipf exponent"),
-        (vec!["--skew", "pareto"], "is not `uniform` or `zipf:S`"),
+        (vec!["--skew", "pareto"], "is not `uniform`, `zipf:S`, `hot-credit` or `hot-debit`"),
         (vec!["--accounts", "1"], "--accounts"),
         (vec!["--duration", "0"], "--duration"),
         (vec!["--transferencias-url", "localhost:8080"], "must be an http"),
@@ -165,6 +165,16 @@ async fn bad_arguments_and_an_unreachable_api_get_clear_errors() {
         assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
     }
+    // the hot-debit account opens with everyone's money: a product past i64 is refused up front
+    let huge = (i64::MAX / 10).to_string();
+    let output =
+        loadgen(&system, &["--skew", "hot-debit", "--accounts", "1000", "--opening-balance-cents", &huge])
+            .output()
+            .await
+            .expect("run");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--opening-balance-cents × --accounts"), "{stderr}");
     let output = loadgen(&system, &["--transferencias-url", "http://127.0.0.1:1", "--duration", "1"])
         .output()
         .await

@@ -301,7 +301,24 @@ async fn every_contract_metric_is_served_after_traffic() {
         format!("retries_total{{topic=\"{settled}\"}}"),
         "transferencias_total{resultado=\"LIQUIDADA\"} 1".to_owned(),
         "http_server_request_duration_seconds_bucket".to_owned(),
-        "kafka_batch_handling_seconds_bucket".to_owned(),
+        // per consumer group: `pagamentos all` runs them all in one process
+        format!(
+            "kafka_batch_handling_seconds_bucket{{group=\"{}antifraude\",",
+            system.topics.args.topic_prefix
+        ),
+        format!("kafka_batch_handling_seconds_bucket{{group=\"{}ledger\",", system.topics.args.topic_prefix),
+        format!(
+            "kafka_batch_handling_seconds_bucket{{group=\"{}transferencias-projecao\",",
+            system.topics.args.topic_prefix
+        ),
+        format!(
+            "kafka_batch_handling_seconds_bucket{{group=\"{}notificacoes\",",
+            system.topics.args.topic_prefix
+        ),
+        format!(
+            "kafka_batch_handling_seconds_bucket{{group=\"{}notificacoes-retry-1000\",",
+            system.topics.args.topic_prefix
+        ),
         "antifraud_transaction_seconds_bucket".to_owned(),
         "ledger_settlement_seconds_bucket".to_owned(),
         "outbox_delivery_seconds_bucket".to_owned(),

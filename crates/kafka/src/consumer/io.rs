@@ -34,6 +34,9 @@ pub(crate) trait Io: Sync {
     /// The consumer's revocation clock ([`Revocations`]).
     fn revocations(&self) -> &Revocations;
 
+    /// The consumer's group id: the `group` label of `kafka_batch_handling_seconds`.
+    fn group(&self) -> &str;
+
     /// Pauses one partition; `false` when refused (revoked meanwhile).
     fn pause(&self, topic: &str, partition: i32) -> bool;
 
@@ -81,6 +84,10 @@ impl Io for KafkaIo<'_> {
 
     fn revocations(&self) -> &Revocations {
         &self.consumer.context().revocations
+    }
+
+    fn group(&self) -> &str {
+        self.consumer.context().group()
     }
 
     fn pause(&self, topic: &str, partition: i32) -> bool {

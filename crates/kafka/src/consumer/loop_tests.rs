@@ -136,6 +136,10 @@ impl Io for Broker {
         &self.revocations
     }
 
+    fn group(&self) -> &str {
+        "loop-tests"
+    }
+
     fn pause(&self, topic: &str, partition: i32) -> bool {
         let key = (topic.to_owned(), partition);
         let mut state = self.lock();
@@ -460,4 +464,34 @@ async fn a_partition_revoked_and_assigned_back_while_its_forward_waits_loses_not
     assert_eq!(published[0].2 - running.start, Duration::from_millis(500));
     assert_eq!(running.broker.stored(0), Some(1));
     running.stop().await;
+}
+
+/// `pagamentos all` runs several consumers in one process: each batch's handling time is
+/// labelled with its group, so they can be told apart (the benchmark splits its hops so).
+#[test]
+fn batch_handling_time_is_labelled_with_the_group() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let broker = Broker::default();
+            broker.produce(0, "due=0");
+            broker.produce(1, "due=0");
+            let running = Running::start(broker);
+            running.at(0).await;
+            assert_eq!(running.handled().len(), 2);
+            running.stop().await;
+        })
+    });
+    let text = handle.render();
+    let count = text
+        .lines()
+        .find_map(|line| line.strip_prefix("kafka_batch_handling_seconds_count{group=\"loop-tests\"} "))
+        .unwrap_or_else(|| panic!("no batch handling time of the group in:\n{text}"));
+    assert_ne!(count, "0", "{text}");
 }

@@ -689,7 +689,8 @@ async fn bank_under_faults(
         }
         counts
     };
-    let requests = count_by_transfer(&read_all(system, &[system.topics.topic(topics::REQUESTED)]).await);
+    let request_records = read_all(system, &[system.topics.topic(topics::REQUESTED)]).await;
+    let requests = count_by_transfer(&request_records);
     let republished = requests.values().filter(|count| **count > 1).count();
     let outputs =
         read_all(system, &[system.topics.topic(topics::ANALYSED), system.topics.topic(topics::REJECTED)])
@@ -767,7 +768,7 @@ async fn bank_under_faults(
         "phantom_events": phantom_events,
     });
     if !lost.is_empty() {
-        diagnose(system, &lost, &analysed).await;
+        diagnose(system, &lost, &analysed, &request_records).await;
         for process in b.iter().chain([&a]) {
             dump_stacks(process, &logs).await;
         }

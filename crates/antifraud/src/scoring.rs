@@ -63,10 +63,10 @@ mod tests {
         TransferRequested {
             event_id: Uuid::nil(),
             transfer_id: Uuid::nil(),
-            source_account: "CC-001".into(),
-            destination_account: "CC-002".into(),
+            source_account: contracts::AccountId::parse("CC-001").expect("account"),
+            destination_account: contracts::AccountId::parse("CC-002").expect("account"),
             amount_cents: contracts::Cents::new(amount_cents),
-            currency: "BRL".into(),
+            currency: contracts::Currency::parse("BRL").expect("currency"),
             created_at: contracts::Timestamp::parse("2026-12-03T10:00:00Z").expect("timestamp"),
         }
     }

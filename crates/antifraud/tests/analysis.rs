@@ -157,6 +157,13 @@ async fn poison_goes_to_the_dead_letter_topic_and_the_rest_is_processed() {
         testkit::transfer_requested(Uuid::new_v4(), "CC-001", -5).to_string().into_bytes(),
     )
     .await;
+    // an account or a currency that breaks the contract's rules is refused when read
+    let mut bad_account = testkit::transfer_requested(Uuid::new_v4(), "CC-001", 100);
+    bad_account["contaDestino"] = json!("CC 999");
+    publish(&topics, "CC-001", bad_account.to_string().into_bytes()).await;
+    let mut bad_currency = testkit::transfer_requested(Uuid::new_v4(), "CC-001", 100);
+    bad_currency["moeda"] = json!("XYZ");
+    publish(&topics, "CC-001", bad_currency.to_string().into_bytes()).await;
     publish(&topics, "CC-001", testkit::transfer_requested(after, "CC-001", 200).to_string().into_bytes())
         .await;
     let running = start(&topics, "a").await;
@@ -165,7 +172,7 @@ async fn poison_goes_to_the_dead_letter_topic_and_the_rest_is_processed() {
     let ids: Vec<Value> = analysed.iter().map(|record| body(record)["transferenciaId"].clone()).collect();
     assert_eq!(ids, [json!(before.to_string()), json!(after.to_string())]);
     let letters =
-        receive(&reader(&topics, &[&contracts::topics::dead_letter_topic(topics::REQUESTED)]), 2).await;
+        receive(&reader(&topics, &[&contracts::topics::dead_letter_topic(topics::REQUESTED)]), 4).await;
     for letter in &letters {
         assert_eq!(
             header(letter, "kafka_dlt-exception-fqcn").as_deref(),
@@ -179,6 +186,9 @@ async fn poison_goes_to_the_dead_letter_topic_and_the_rest_is_processed() {
     }
     assert_eq!(letters[0].payload(), Some(b"{\"eventoId\": 42".as_slice()));
     assert!(header(&letters[1], "kafka_dlt-exception-message").expect("message").contains("greater than 0"));
+    let message = |letter| header(letter, "kafka_dlt-exception-message").expect("message");
+    assert!(message(&letters[2]).contains("may contain only letters"), "{}", message(&letters[2]));
+    assert!(message(&letters[3]).contains("not an active ISO 4217"), "{}", message(&letters[3]));
     running.stop().await;
 }
 

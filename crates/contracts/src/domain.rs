@@ -184,6 +184,33 @@ impl AsRef<str> for AccountId {
     }
 }
 
+impl PartialEq<str> for AccountId {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<&str> for AccountId {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+impl std::borrow::Borrow<str> for AccountId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+/// What a database row holds (`#[sqlx(try_from = "String")]`): [`AccountId::parse`].
+impl TryFrom<String> for AccountId {
+    type Error = InvalidAccountId;
+
+    fn try_from(id: String) -> Result<Self, InvalidAccountId> {
+        Self::parse(id)
+    }
+}
+
 impl<'de> Deserialize<'de> for AccountId {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         Self::parse(String::deserialize(deserializer)?).map_err(serde::de::Error::custom)
@@ -218,6 +245,27 @@ impl Currency {
 impl fmt::Display for Currency {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
+    }
+}
+
+impl PartialEq<str> for Currency {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<&str> for Currency {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+/// What a database row holds (`#[sqlx(try_from = "String")]`): [`Currency::parse`].
+impl TryFrom<String> for Currency {
+    type Error = InvalidCurrency;
+
+    fn try_from(code: String) -> Result<Self, InvalidCurrency> {
+        Self::parse(code)
     }
 }
 

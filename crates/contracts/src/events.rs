@@ -4,13 +4,20 @@
 //! (serde's default) and takes ids and types from the payload, never from headers. The outcome
 //! events may carry the transfer's accounts and amount for notifications; those fields are
 //! optional because the article's Java producers do not send them.
+//!
+//! Accounts and currencies are [`AccountId`]s and [`Currency`]s: a payload whose `contaOrigem`,
+//! `contaDestino` or `moeda` breaks the rules (an id that is not 1–32 of `[A-Za-z0-9_-]`, a
+//! code that is not an active ISO 4217 one in capitals) fails to deserialise, with the rule in
+//! the error, like a missing field does; each consumer dead-letters such a record as poison.
+//! Issuer accounts (`EMISSOR-…`) are well-formed ids: refusing them as a side of a transfer is
+//! the ledger's business rule (`CONTA_INEXISTENTE`), not the wire's.
 
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::{Cents, Timestamp};
+use crate::{AccountId, Cents, Currency, Timestamp};
 
 /// `TransferenciaSolicitada`: a transfer was accepted by the API (published by the outbox).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -21,13 +28,13 @@ pub struct TransferRequested {
     #[serde(rename = "transferenciaId")]
     pub transfer_id: Uuid,
     #[serde(rename = "contaOrigem")]
-    pub source_account: String,
+    pub source_account: AccountId,
     #[serde(rename = "contaDestino")]
-    pub destination_account: String,
+    pub destination_account: AccountId,
     #[serde(rename = "valorEmCentavos")]
     pub amount_cents: Cents,
     #[serde(rename = "moeda")]
-    pub currency: String,
+    pub currency: Currency,
     /// Equals `transferencia.criada_em` of the row the event was written with.
     #[serde(rename = "criadaEm")]
     pub created_at: Timestamp,
@@ -41,13 +48,13 @@ pub struct TransferAnalysed {
     #[serde(rename = "transferenciaId")]
     pub transfer_id: Uuid,
     #[serde(rename = "contaOrigem")]
-    pub source_account: String,
+    pub source_account: AccountId,
     #[serde(rename = "contaDestino")]
-    pub destination_account: String,
+    pub destination_account: AccountId,
     #[serde(rename = "valorEmCentavos")]
     pub amount_cents: Cents,
     #[serde(rename = "moeda")]
-    pub currency: String,
+    pub currency: Currency,
     /// Risk score, 0–100.
     pub score: u8,
     #[serde(rename = "analisadaEm")]
@@ -87,13 +94,13 @@ pub struct TransferSettled {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutcomeDetails {
     #[serde(rename = "contaOrigem", default, skip_serializing_if = "Option::is_none")]
-    pub source_account: Option<String>,
+    pub source_account: Option<AccountId>,
     #[serde(rename = "contaDestino", default, skip_serializing_if = "Option::is_none")]
-    pub destination_account: Option<String>,
+    pub destination_account: Option<AccountId>,
     #[serde(rename = "valorEmCentavos", default, skip_serializing_if = "Option::is_none")]
     pub amount_cents: Option<Cents>,
     #[serde(rename = "moeda", default, skip_serializing_if = "Option::is_none")]
-    pub currency: Option<String>,
+    pub currency: Option<Currency>,
 }
 
 /// What an outcome topic carries: `transferencias.liquidada` a [`TransferSettled`],
@@ -233,6 +240,14 @@ mod tests {
         Uuid::from_u128(n)
     }
 
+    fn account(id: &str) -> AccountId {
+        AccountId::parse(id).expect("a well-formed account id")
+    }
+
+    fn brl() -> Currency {
+        Currency::parse("BRL").expect("an active currency")
+    }
+
     fn at() -> Timestamp {
         Timestamp::parse("2026-12-03T10:15:30.123456Z").expect("valid")
     }
@@ -242,10 +257,10 @@ mod tests {
         let event = TransferRequested {
             event_id: id(1),
             transfer_id: id(2),
-            source_account: "CC-001".into(),
-            destination_account: "CC-002".into(),
+            source_account: account("CC-001"),
+            destination_account: account("CC-002"),
             amount_cents: Cents::new(30_000),
-            currency: "BRL".into(),
+            currency: brl(),
             created_at: at(),
         };
         let value = serde_json::to_value(&event).expect("serialize");
@@ -270,10 +285,10 @@ mod tests {
         let event = TransferAnalysed {
             event_id: id(1),
             transfer_id: id(2),
-            source_account: "CC-001".into(),
-            destination_account: "CC-002".into(),
+            source_account: account("CC-001"),
+            destination_account: account("CC-002"),
             amount_cents: Cents::new(30_000),
-            currency: "BRL".into(),
+            currency: brl(),
             score: 10,
             analysed_at: at(),
         };
@@ -314,10 +329,10 @@ mod tests {
             transfer_id: id(2),
             settled_at: at(),
             details: OutcomeDetails {
-                source_account: Some("CC-001".into()),
-                destination_account: Some("CC-002".into()),
+                source_account: Some(account("CC-001")),
+                destination_account: Some(account("CC-002")),
                 amount_cents: Some(Cents::new(500)),
-                currency: Some("BRL".into()),
+                currency: Some(brl()),
             },
         };
         let value = serde_json::to_value(&settled).expect("serialize");
@@ -373,6 +388,45 @@ mod tests {
             "valorEmCentavos": "100", "criadaEm": "2026-12-03T10:15:30Z"
         });
         assert!(serde_json::from_value::<TransferRequested>(wrong_type).is_err());
+    }
+
+    #[test]
+    fn an_invalid_account_or_currency_is_refused_with_the_rule_broken() {
+        let requested = json!({
+            "eventoId": "00000000-0000-0000-0000-000000000001",
+            "transferenciaId": "00000000-0000-0000-0000-000000000002",
+            "contaOrigem": "CC-001", "contaDestino": "CC-002", "moeda": "BRL",
+            "valorEmCentavos": 100, "criadaEm": "2026-12-03T10:15:30Z"
+        });
+        assert!(serde_json::from_value::<TransferRequested>(requested.clone()).is_ok());
+        let broken = |field: &str, value: Value| {
+            let mut event = requested.clone();
+            event[field] = value;
+            serde_json::from_value::<TransferRequested>(event).expect_err("must fail").to_string()
+        };
+        assert!(broken("contaOrigem", json!("CC 001")).contains("may contain only letters"));
+        assert!(broken("contaDestino", json!("")).contains("must be 1 to 32 characters"));
+        assert!(broken("contaDestino", json!("C".repeat(33))).contains("must be 1 to 32 characters"));
+        assert!(broken("moeda", json!("XYZ")).contains("not an active ISO 4217"));
+        assert!(broken("moeda", json!("brl")).contains("not an active ISO 4217"));
+        // an issuer account is well-formed: the ledger's rules reject it, not the wire
+        let issuer: TransferRequested = serde_json::from_value({
+            let mut event = requested.clone();
+            event["contaOrigem"] = json!("EMISSOR-BRL");
+            event
+        })
+        .expect("an issuer account is a well-formed id");
+        assert!(issuer.source_account.is_issuer());
+
+        // the optional details of an outcome event follow the same rules when present
+        let settled = json!({
+            "eventoId": "00000000-0000-0000-0000-000000000001",
+            "transferenciaId": "00000000-0000-0000-0000-000000000002",
+            "liquidadaEm": "2026-12-03T10:15:30Z",
+            "moeda": "XYZ"
+        });
+        let error = OutcomeEvent::decode(true, settled.to_string().as_bytes()).expect_err("must fail");
+        assert!(error.source.to_string().contains("not an active ISO 4217"), "{error:?}");
     }
 
     #[test]

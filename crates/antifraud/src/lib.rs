@@ -43,8 +43,8 @@ pub struct AntifraudArgs {
     pub listen: SocketAddr,
 
     /// Transfers of this many cents or more score at least 80 and are blocked.
-    #[arg(id = "antifraude_block_threshold_cents", value_name = "BLOCK_THRESHOLD_CENTS", long = "block-threshold-cents", env = "ANTIFRAUDE_BLOQUEIO_CENTAVOS", default_value_t = scoring::DEFAULT_BLOCK_THRESHOLD_CENTS, value_parser = clap::value_parser!(i64).range(1..))]
-    pub block_threshold_cents: i64,
+    #[arg(id = "antifraude_block_threshold_cents", value_name = "BLOCK_THRESHOLD_CENTS", long = "block-threshold-cents", env = "ANTIFRAUDE_BLOQUEIO_CENTAVOS", default_value_t = scoring::DEFAULT_BLOCK_THRESHOLD_CENTS, value_parser = contracts::Cents::parse_amount)]
+    pub block_threshold_cents: contracts::Cents,
 
     /// Prefix of the stable `transactional.id`; the instance id follows it.
     #[arg(

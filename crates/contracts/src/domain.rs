@@ -71,6 +71,37 @@ impl Cents {
     }
 }
 
+/// Text that is not a number of cents a setting accepts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidCents {
+    #[error("{0:?} is not a whole number of cents")]
+    NotANumber(String),
+    #[error("must be at least {min}, got {value}")]
+    BelowMinimum { value: i64, min: i64 },
+}
+
+impl Cents {
+    /// Cents written as text (a command-line argument, an environment variable), at least
+    /// `min`: clap's `value_parser` for money settings.
+    pub fn parse_at_least(text: &str, min: Cents) -> Result<Cents, InvalidCents> {
+        let value: i64 = text.trim().parse().map_err(|_| InvalidCents::NotANumber(text.to_owned()))?;
+        if value < min.0 {
+            return Err(InvalidCents::BelowMinimum { value, min: min.0 });
+        }
+        Ok(Self(value))
+    }
+
+    /// An amount to move written as text: at least 1 cent.
+    pub fn parse_amount(text: &str) -> Result<Cents, InvalidCents> {
+        Self::parse_at_least(text, Cents(1))
+    }
+
+    /// A balance written as text that may not be negative (an opening balance).
+    pub fn parse_balance(text: &str) -> Result<Cents, InvalidCents> {
+        Self::parse_at_least(text, Cents::ZERO)
+    }
+}
+
 impl From<i64> for Cents {
     fn from(cents: i64) -> Self {
         Self(cents)
@@ -439,6 +470,23 @@ impl fmt::Display for Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cents_settings_are_read_with_their_floor() {
+        assert_eq!(Cents::parse_amount("10000000"), Ok(Cents::new(10_000_000)));
+        assert_eq!(Cents::parse_amount("0"), Err(InvalidCents::BelowMinimum { value: 0, min: 1 }));
+        assert_eq!(Cents::parse_amount("-5"), Err(InvalidCents::BelowMinimum { value: -5, min: 1 }));
+        assert_eq!(Cents::parse_balance("0"), Ok(Cents::ZERO));
+        assert_eq!(
+            Cents::parse_balance("-1").map_err(|error| error.to_string()),
+            Err("must be at least 0, got -1".to_owned())
+        );
+        assert_eq!(Cents::parse_amount("1.5"), Err(InvalidCents::NotANumber("1.5".into())));
+        assert_eq!(
+            Cents::parse_amount("9223372036854775808"),
+            Err(InvalidCents::NotANumber("9223372036854775808".into()))
+        );
+    }
 
     #[test]
     fn cents_arithmetic_refuses_overflow_instead_of_wrapping() {

@@ -4,6 +4,8 @@ use rand::rngs::StdRng;
 use rand::Rng;
 use rand_distr::{Distribution, Zipf};
 
+use contracts::Cents;
+
 use crate::args::Skew;
 
 /// Draws transfers over `accounts` accounts.
@@ -11,7 +13,7 @@ use crate::args::Skew;
 pub struct Draw {
     accounts: u32,
     zipf: Option<Zipf<f64>>,
-    max_amount_cents: i64,
+    max_amount_cents: Cents,
 }
 
 /// One transfer to send: account indexes and amount.
@@ -19,18 +21,18 @@ pub struct Draw {
 pub struct Pick {
     pub source: u32,
     pub destination: u32,
-    pub amount_cents: i64,
+    pub amount_cents: Cents,
 }
 
 impl Draw {
     /// `accounts ≥ 2`, `max_amount_cents ≥ 1` (the arguments' ranges).
-    pub fn new(accounts: u32, skew: Skew, max_amount_cents: i64) -> Self {
+    pub fn new(accounts: u32, skew: Skew, max_amount_cents: Cents) -> Self {
         let zipf = match skew {
             Skew::Uniform => None,
             // n ≥ 2 and s ≥ 0 finite are checked by the argument parsers
             Skew::Zipf(s) => Zipf::new(f64::from(accounts), s).ok(),
         };
-        Self { accounts, zipf, max_amount_cents: max_amount_cents.max(1) }
+        Self { accounts, zipf, max_amount_cents: max_amount_cents.max(Cents::new(1)) }
     }
 
     fn account(&self, rng: &mut StdRng) -> u32 {
@@ -49,7 +51,8 @@ impl Draw {
             // under a steep Zipf the hottest account is drawn often: redraw uniformly
             destination = rng.random_range(0..self.accounts);
         }
-        Pick { source, destination, amount_cents: rng.random_range(1..=self.max_amount_cents) }
+        let amount_cents = Cents::new(rng.random_range(1..=self.max_amount_cents.get()));
+        Pick { source, destination, amount_cents }
     }
 }
 
@@ -64,7 +67,7 @@ mod tests {
         for _ in 0..n {
             let pick = draw.next(&mut rng);
             assert_ne!(pick.source, pick.destination);
-            assert!((1..=500).contains(&pick.amount_cents));
+            assert!((1..=500).contains(&pick.amount_cents.get()));
             counts[pick.source as usize] += 1;
         }
         counts
@@ -72,9 +75,9 @@ mod tests {
 
     #[test]
     fn uniform_spreads_and_zipf_concentrates() {
-        let uniform = counts(&Draw::new(10, Skew::Uniform, 500), 20_000);
+        let uniform = counts(&Draw::new(10, Skew::Uniform, Cents::new(500)), 20_000);
         assert!(uniform.iter().all(|&count| (1_600..2_400).contains(&count)), "{uniform:?}");
-        let zipf = counts(&Draw::new(10, Skew::Zipf(1.5), 500), 20_000);
+        let zipf = counts(&Draw::new(10, Skew::Zipf(1.5), Cents::new(500)), 20_000);
         // rank 1 ~ 1/H(10,1.5) ≈ 0.48 of the draws; rank 10 ≈ 1.5 %
         assert!(zipf[0] > 8_000 && zipf[9] < 800, "{zipf:?}");
         assert!(zipf.windows(2).all(|pair| pair[0] >= pair[1]), "{zipf:?}");
@@ -82,12 +85,12 @@ mod tests {
 
     #[test]
     fn two_accounts_always_differ() {
-        let draw = Draw::new(2, Skew::Zipf(3.0), 1);
+        let draw = Draw::new(2, Skew::Zipf(3.0), Cents::new(1));
         let mut rng = StdRng::seed_from_u64(1);
         for _ in 0..1_000 {
             let pick = draw.next(&mut rng);
             assert_ne!(pick.source, pick.destination);
-            assert_eq!(pick.amount_cents, 1);
+            assert_eq!(pick.amount_cents, Cents::new(1));
         }
     }
 }

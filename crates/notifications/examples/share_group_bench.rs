@@ -54,23 +54,14 @@ async fn run(events: usize, load: Load, consumption: Consumption) {
         send.await.expect("send task");
     }
 
-    let settings = notifications::Settings {
-        args: notifications::NotificationsArgs {
-            listen: "127.0.0.1:0".parse().expect("address"),
-            webhook_url: Some(url.parse().expect("url")),
-            webhook_secret: Some("bench-secret".into()),
-            webhook_unsigned: false,
-            webhook_timeout_ms: 5_000,
-            concurrency: 64,
-            consumption,
-        },
-        // no admin token: /readyz answers its status line only
-        auth: telemetry::health::HealthAuthArgs::default(),
-        kafka: topic_set.args.clone(),
-        topics: kafka::TopicArgs { partitions, replicas: 1 },
-        profile: kafka::Profile::Fast,
-        metrics: telemetry::health::MetricsRoute::ServicePort,
-    };
+    let mut settings = notifications::Settings::for_tests(
+        topic_set.args.clone(),
+        url.parse().expect("url"),
+        "bench-secret",
+        partitions,
+    );
+    settings.args.concurrency = 64;
+    settings.args.consumption = consumption;
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
     let started = Instant::now();

@@ -36,23 +36,9 @@ impl Running {
         testkit::init_logs();
         let topics = TestTopics::plan(3).await;
         let (receiver, url) = Receiver::start().await;
-        let settings = notifications::Settings {
-            args: notifications::NotificationsArgs {
-                listen: "127.0.0.1:0".parse().expect("address"),
-                webhook_url: Some(url.parse().expect("url")),
-                webhook_secret: Some(SECRET.into()),
-                webhook_unsigned: false,
-                webhook_timeout_ms: timeout_ms,
-                concurrency: 16,
-                consumption: notifications::Consumption::RetryTopics,
-            },
-            // no admin token: /readyz answers its status line only (its detail is not under test here)
-            auth: telemetry::health::HealthAuthArgs::default(),
-            kafka: topics.args.clone(),
-            topics: kafka::TopicArgs { partitions: 3, replicas: 1 },
-            profile: kafka::Profile::Fast,
-            metrics: telemetry::health::MetricsRoute::ServicePort,
-        };
+        let mut settings =
+            notifications::Settings::for_tests(topics.args.clone(), url.parse().expect("url"), SECRET, 3);
+        settings.args.webhook_timeout_ms = timeout_ms;
         let shutdown = CancellationToken::new();
         let tracker = TaskTracker::new();
         let health = notifications::start(

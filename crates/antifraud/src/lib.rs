@@ -182,3 +182,33 @@ pub enum Error {
         source: std::io::Error,
     },
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Command {
+        #[command(flatten)]
+        args: AntifraudArgs,
+    }
+
+    #[test]
+    fn a_block_threshold_below_one_cent_is_refused_with_the_rule() {
+        let parsed =
+            Command::try_parse_from(["antifraude", "--block-threshold-cents", "2500"]).expect("valid");
+        assert_eq!(parsed.args.block_threshold_cents, contracts::Cents::new(2_500));
+        for bad in ["0", "-5"] {
+            let error = Command::try_parse_from(["antifraude", &format!("--block-threshold-cents={bad}")])
+                .expect_err("refused")
+                .to_string();
+            assert!(error.contains("must be at least 1"), "{error}");
+        }
+        let error = Command::try_parse_from(["antifraude", "--block-threshold-cents", "1e6"])
+            .expect_err("refused")
+            .to_string();
+        assert!(error.contains("not a whole number of cents"), "{error}");
+    }
+}

@@ -153,6 +153,58 @@ pub fn is_active_currency(code: &str) -> bool {
         && iso_currency::Currency::from_code(code).is_some()
 }
 
+/// Defines, for a validated text newtype with a `parse(impl Into<String>)`: `Display`,
+/// `AsRef<str>`, `Borrow<str>` (map lookups by `&str`), comparison with `str`, `TryFrom<String>`
+/// (what a database row holds: `#[sqlx(try_from = "String")]`) and a `Deserialize` that refuses
+/// what `parse` refuses, with its message.
+macro_rules! text_value {
+    ($type:ident, $error:ident) => {
+        impl fmt::Display for $type {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl AsRef<str> for $type {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::borrow::Borrow<str> for $type {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl PartialEq<str> for $type {
+            fn eq(&self, other: &str) -> bool {
+                self.0 == other
+            }
+        }
+
+        impl PartialEq<&str> for $type {
+            fn eq(&self, other: &&str) -> bool {
+                self.0 == *other
+            }
+        }
+
+        impl TryFrom<String> for $type {
+            type Error = $error;
+
+            fn try_from(text: String) -> Result<Self, $error> {
+                Self::parse(text)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $type {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                Self::parse(String::deserialize(deserializer)?).map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
 /// A well-formed account id (1–32 of `[A-Za-z0-9_-]`), a customer's or an issuer's.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(transparent)]
@@ -203,50 +255,7 @@ impl AccountId {
     }
 }
 
-impl fmt::Display for AccountId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl AsRef<str> for AccountId {
-    fn as_ref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl PartialEq<str> for AccountId {
-    fn eq(&self, other: &str) -> bool {
-        self.0 == other
-    }
-}
-
-impl PartialEq<&str> for AccountId {
-    fn eq(&self, other: &&str) -> bool {
-        self.0 == *other
-    }
-}
-
-impl std::borrow::Borrow<str> for AccountId {
-    fn borrow(&self) -> &str {
-        &self.0
-    }
-}
-
-/// What a database row holds (`#[sqlx(try_from = "String")]`): [`AccountId::parse`].
-impl TryFrom<String> for AccountId {
-    type Error = InvalidAccountId;
-
-    fn try_from(id: String) -> Result<Self, InvalidAccountId> {
-        Self::parse(id)
-    }
-}
-
-impl<'de> Deserialize<'de> for AccountId {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        Self::parse(String::deserialize(deserializer)?).map_err(serde::de::Error::custom)
-    }
-}
+text_value!(AccountId, InvalidAccountId);
 
 /// An active ISO 4217 currency code in capitals (`BRL`).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -273,38 +282,7 @@ impl Currency {
     }
 }
 
-impl fmt::Display for Currency {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl PartialEq<str> for Currency {
-    fn eq(&self, other: &str) -> bool {
-        self.0 == other
-    }
-}
-
-impl PartialEq<&str> for Currency {
-    fn eq(&self, other: &&str) -> bool {
-        self.0 == *other
-    }
-}
-
-/// What a database row holds (`#[sqlx(try_from = "String")]`): [`Currency::parse`].
-impl TryFrom<String> for Currency {
-    type Error = InvalidCurrency;
-
-    fn try_from(code: String) -> Result<Self, InvalidCurrency> {
-        Self::parse(code)
-    }
-}
-
-impl<'de> Deserialize<'de> for Currency {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        Self::parse(String::deserialize(deserializer)?).map_err(serde::de::Error::custom)
-    }
-}
+text_value!(Currency, InvalidCurrency);
 
 /// An unknown spelling of a closed set of names read from the database or the wire.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

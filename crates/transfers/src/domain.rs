@@ -59,23 +59,9 @@ impl TransferRequest {
                 None
             }
         };
-        let currency = match object.get("moeda") {
-            None | Some(Value::Null) => {
-                errors.push(FieldError::new("moeda", "is required"));
-                None
-            }
-            Some(Value::String(code)) => match Currency::parse(code.as_str()) {
-                Ok(currency) => Some(currency),
-                Err(invalid) => {
-                    errors.push(FieldError::new("moeda", invalid.to_string()));
-                    None
-                }
-            },
-            Some(_) => {
-                errors.push(FieldError::new("moeda", "must be a string"));
-                None
-            }
-        };
+        let currency = web::required_text(object, "moeda", &mut errors, |code| {
+            Currency::parse(code).map_err(|invalid| invalid.to_string())
+        });
         match (source, destination, amount, currency) {
             (Some(source_account), Some(destination_account), Some(amount_cents), Some(currency))
                 if errors.is_empty() =>
@@ -108,15 +94,7 @@ fn account(
     field: &'static str,
     errors: &mut Vec<FieldError>,
 ) -> Option<AccountId> {
-    match object.get(field) {
-        None | Some(Value::Null) => errors.push(FieldError::new(field, "is required")),
-        Some(Value::String(id)) => match AccountId::customer(id.as_str()) {
-            Ok(id) => return Some(id),
-            Err(invalid) => errors.push(FieldError::new(field, invalid.message)),
-        },
-        Some(_) => errors.push(FieldError::new(field, "must be a string")),
-    }
-    None
+    web::required_text(object, field, errors, |id| AccountId::customer(id).map_err(|invalid| invalid.message))
 }
 
 /// `status` of a transfer: the domain type (an unknown spelling is an error, never `PENDENTE`).

@@ -219,40 +219,12 @@ pub async fn create_account(
     caller.require_admin()?;
     let object = object(&body)?;
     let mut errors = Vec::new();
-    let id = match object.get("id") {
-        None | Some(Value::Null) => {
-            errors.push(FieldError::new("id", "is required"));
-            None
-        }
-        Some(Value::String(id)) => match contracts::AccountId::customer(id.as_str()) {
-            Ok(id) => Some(id),
-            Err(invalid) => {
-                errors.push(FieldError::new("id", invalid.message));
-                None
-            }
-        },
-        Some(_) => {
-            errors.push(FieldError::new("id", "must be a string"));
-            None
-        }
-    };
-    let currency = match object.get("moeda") {
-        None | Some(Value::Null) => {
-            errors.push(FieldError::new("moeda", "is required"));
-            None
-        }
-        Some(Value::String(code)) => match Currency::parse(code.as_str()) {
-            Ok(currency) => Some(currency),
-            Err(invalid) => {
-                errors.push(FieldError::new("moeda", invalid.to_string()));
-                None
-            }
-        },
-        Some(_) => {
-            errors.push(FieldError::new("moeda", "must be a string"));
-            None
-        }
-    };
+    let id = web::required_text(object, "id", &mut errors, |id| {
+        contracts::AccountId::customer(id).map_err(|invalid| invalid.message)
+    });
+    let currency = web::required_text(object, "moeda", &mut errors, |code| {
+        Currency::parse(code).map_err(|invalid| invalid.to_string())
+    });
     let opening = cents(object, "saldoInicialCentavos", &mut errors).unwrap_or(0);
     if opening < 0 {
         errors.push(FieldError::new("saldoInicialCentavos", "must not be negative"));

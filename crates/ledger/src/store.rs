@@ -114,8 +114,18 @@ impl Entries {
         per_transfer.values().all(|sum| *sum == 0)
     }
 
+    /// How many rows: the four columns are parallel vectors, and `UNNEST` would pad a shorter
+    /// one with NULLs rather than refuse it, so unequal lengths are a bug stopped here.
+    fn rows(&self) -> usize {
+        let rows = self.transfer_ids.len();
+        assert_eq!(self.accounts.len(), rows, "entry columns of unequal length");
+        assert_eq!(self.kinds.len(), rows, "entry columns of unequal length");
+        assert_eq!(self.amounts.len(), rows, "entry columns of unequal length");
+        rows
+    }
+
     async fn insert(&self, connection: &mut PgConnection, at: OffsetDateTime) -> Result<(), sqlx::Error> {
-        if self.transfer_ids.is_empty() {
+        if self.rows() == 0 {
             return Ok(());
         }
         sqlx::query(
@@ -156,6 +166,15 @@ mod tests {
         entries.push(two, &account("B"), EntryKind::Credit, cents(1));
         entries.push(one, &account("A"), EntryKind::Debit, cents(1));
         assert!(!entries.balanced());
+    }
+
+    #[test]
+    #[should_panic(expected = "entry columns of unequal length")]
+    fn entry_columns_of_unequal_length_are_a_bug() {
+        let mut entries = Entries::default();
+        entries.push(Uuid::new_v4(), &account("A"), EntryKind::Debit, Cents::new(1));
+        entries.kinds.push(EntryKind::Credit);
+        entries.rows();
     }
 
     #[test]

@@ -391,6 +391,36 @@ async fn a_client_error_is_dead_lettered_after_one_call_and_garbage_after_none()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_with_malformed_optional_details_is_delivered_as_it_travelled() {
+    let running = Running::start(2_000).await;
+    // another producer's bug in the extras the contract lets readers ignore (§3)
+    let (settled, rejected) = (Uuid::new_v4(), Uuid::new_v4());
+    let details =
+        json!({"contaOrigem": "CC 001", "contaDestino": "CC-002", "valorEmCentavos": 100, "moeda": "XYZ"});
+    let with_details = |mut event: Value| {
+        event.as_object_mut().expect("object").extend(details.as_object().expect("object").clone());
+        event.to_string()
+    };
+    let settled_payload = with_details(
+        json!({"eventoId": settled, "transferenciaId": Uuid::new_v4(), "liquidadaEm": "2026-12-04T10:00:00Z"}),
+    );
+    let rejected_payload = with_details(json!({"eventoId": rejected, "transferenciaId": Uuid::new_v4(),
+        "motivo": "SALDO_INSUFICIENTE", "rejeitadaEm": "2026-12-04T10:00:00Z"}));
+    running.publish(topics::SETTLED, "CC-005", settled_payload.clone().into_bytes()).await;
+    running.publish(topics::REJECTED, "CC-005", rejected_payload.clone().into_bytes()).await;
+
+    for (event, payload, event_type) in [
+        (settled, &settled_payload, "TransferenciaLiquidada"),
+        (rejected, &rejected_payload, "TransferenciaRejeitada"),
+    ] {
+        let calls = running.wait_calls(event, 1, Duration::from_secs(20)).await;
+        assert_eq!(calls[0].event_type.as_deref(), Some(event_type));
+        assert_eq!(calls[0].body, payload.as_bytes());
+    }
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receiver_that_does_not_answer_in_time_is_retried() {
     let running = Running::start(300).await;
     let event = running

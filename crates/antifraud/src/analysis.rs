@@ -179,9 +179,10 @@ impl Analyser {
             let payload = serde_json::to_vec(&analysed).map_err(AnalysisError::Encode)?;
             (&self.topics.analysed, id, EventType::TransferAnalysed, payload)
         };
-        let mut record = OutgoingRecord::new(topic.as_str(), event.source_account.as_bytes(), payload)
-            .header(EVENT_ID, id.hyphenated().to_string())
-            .header(EVENT_TYPE, kind.as_str());
+        let mut record =
+            OutgoingRecord::new(topic.as_str(), event.source_account.as_str().as_bytes(), payload)
+                .header(EVENT_ID, id.hyphenated().to_string())
+                .header(EVENT_TYPE, kind.as_str());
         let span = tracing::info_span!("analyse", transfer_id = %event.transfer_id, score);
         kafka::trace::continue_from(&span, input);
         kafka::trace::inject(&span, &mut record);

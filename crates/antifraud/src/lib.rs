@@ -43,8 +43,8 @@ pub struct AntifraudArgs {
     pub listen: SocketAddr,
 
     /// Transfers of this many cents or more score at least 80 and are blocked.
-    #[arg(id = "antifraude_block_threshold_cents", value_name = "BLOCK_THRESHOLD_CENTS", long = "block-threshold-cents", env = "ANTIFRAUDE_BLOQUEIO_CENTAVOS", default_value_t = scoring::DEFAULT_BLOCK_THRESHOLD_CENTS, value_parser = clap::value_parser!(i64).range(1..))]
-    pub block_threshold_cents: i64,
+    #[arg(id = "antifraude_block_threshold_cents", value_name = "BLOCK_THRESHOLD_CENTS", long = "block-threshold-cents", env = "ANTIFRAUDE_BLOQUEIO_CENTAVOS", default_value_t = scoring::DEFAULT_BLOCK_THRESHOLD_CENTS, value_parser = contracts::Cents::parse_amount)]
+    pub block_threshold_cents: contracts::Cents,
 
     /// Prefix of the stable `transactional.id`; the instance id follows it.
     #[arg(
@@ -181,4 +181,34 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Command {
+        #[command(flatten)]
+        args: AntifraudArgs,
+    }
+
+    #[test]
+    fn a_block_threshold_below_one_cent_is_refused_with_the_rule() {
+        let parsed =
+            Command::try_parse_from(["antifraude", "--block-threshold-cents", "2500"]).expect("valid");
+        assert_eq!(parsed.args.block_threshold_cents, contracts::Cents::new(2_500));
+        for bad in ["0", "-5"] {
+            let error = Command::try_parse_from(["antifraude", &format!("--block-threshold-cents={bad}")])
+                .expect_err("refused")
+                .to_string();
+            assert!(error.contains("must be at least 1"), "{error}");
+        }
+        let error = Command::try_parse_from(["antifraude", "--block-threshold-cents", "1e6"])
+            .expect_err("refused")
+            .to_string();
+        assert!(error.contains("not a whole number of cents"), "{error}");
+    }
 }

@@ -10,18 +10,18 @@
 //! Below the threshold the score is at most 65, so only the threshold blocks (score ≥ 80 →
 //! `BLOQUEADA_ANTIFRAUDE`); at or above it the score is at least 90.
 
-use contracts::TransferRequested;
+use contracts::{Cents, TransferRequested};
 
 /// Scores of 80 or more are blocked.
 pub const BLOCK_SCORE: u8 = 80;
 /// `ANTIFRAUDE_BLOQUEIO_CENTAVOS`'s default: R$ 100 000.
-pub const DEFAULT_BLOCK_THRESHOLD_CENTS: i64 = 10_000_000;
+pub const DEFAULT_BLOCK_THRESHOLD_CENTS: Cents = Cents::new(10_000_000);
 const ROUND_AMOUNT_CENTS: i64 = 100_000;
 
 /// The scoring rules with their one setting.
 #[derive(Debug, Clone, Copy)]
 pub struct Scorer {
-    pub block_threshold_cents: i64,
+    pub block_threshold_cents: Cents,
 }
 
 impl Default for Scorer {
@@ -33,7 +33,7 @@ impl Default for Scorer {
 impl Scorer {
     pub fn score(&self, transfer: &TransferRequested) -> u8 {
         let amount = transfer.amount_cents.get();
-        let band: u8 = if amount >= self.block_threshold_cents {
+        let band: u8 = if amount >= self.block_threshold_cents.get() {
             90
         } else if amount < 10_000 {
             5
@@ -63,10 +63,10 @@ mod tests {
         TransferRequested {
             event_id: Uuid::nil(),
             transfer_id: Uuid::nil(),
-            source_account: "CC-001".into(),
-            destination_account: "CC-002".into(),
+            source_account: contracts::AccountId::parse("CC-001").expect("account"),
+            destination_account: contracts::AccountId::parse("CC-002").expect("account"),
             amount_cents: contracts::Cents::new(amount_cents),
-            currency: "BRL".into(),
+            currency: contracts::Currency::parse("BRL").expect("currency"),
             created_at: contracts::Timestamp::parse("2026-12-03T10:00:00Z").expect("timestamp"),
         }
     }
@@ -87,7 +87,7 @@ mod tests {
 
     #[test]
     fn the_threshold_is_configurable() {
-        let scorer = Scorer { block_threshold_cents: 5_000 };
+        let scorer = Scorer { block_threshold_cents: Cents::new(5_000) };
         assert!(scorer.blocks(scorer.score(&transfer(5_000))));
         assert!(!scorer.blocks(scorer.score(&transfer(4_999))));
     }
@@ -98,7 +98,7 @@ mod tests {
             let scorer = Scorer::default();
             let score = scorer.score(&transfer(amount));
             prop_assert!(score <= 100);
-            prop_assert_eq!(scorer.blocks(score), amount >= DEFAULT_BLOCK_THRESHOLD_CENTS);
+            prop_assert_eq!(scorer.blocks(score), amount >= DEFAULT_BLOCK_THRESHOLD_CENTS.get());
             prop_assert_eq!(score, scorer.score(&transfer(amount)));
         }
     }

@@ -15,6 +15,7 @@ use uuid::Uuid;
 
 use contracts::ids::{derived_event_id, ANALYSED_PREFIX, REJECTED_BY_ANTIFRAUD_PREFIX};
 use contracts::topics;
+use contracts::Cents;
 use testkit::{receive, unique, TestTopics};
 
 struct Running {
@@ -101,14 +102,14 @@ async fn small_transfers_are_analysed_and_large_ones_blocked_with_derived_ids() 
     publish_traced(
         &topics,
         "CC-001",
-        testkit::transfer_requested(small, "CC-001", 1_234).to_string().into_bytes(),
+        testkit::transfer_requested(small, "CC-001", Cents::new(1_234)).to_string().into_bytes(),
         Some(traceparent),
     )
     .await;
     publish(
         &topics,
         "CC-002",
-        testkit::transfer_requested(large, "CC-002", 10_000_000).to_string().into_bytes(),
+        testkit::transfer_requested(large, "CC-002", Cents::new(10_000_000)).to_string().into_bytes(),
     )
     .await;
 
@@ -148,24 +149,39 @@ async fn poison_goes_to_the_dead_letter_topic_and_the_rest_is_processed() {
     let topics = TestTopics::plan(2).await;
     let (before, after) = (Uuid::new_v4(), Uuid::new_v4());
     // all on one key, so one partition, in this order, before the service starts: one batch
-    publish(&topics, "CC-001", testkit::transfer_requested(before, "CC-001", 100).to_string().into_bytes())
-        .await;
+    publish(
+        &topics,
+        "CC-001",
+        testkit::transfer_requested(before, "CC-001", Cents::new(100)).to_string().into_bytes(),
+    )
+    .await;
     publish(&topics, "CC-001", b"{\"eventoId\": 42".to_vec()).await;
     publish(
         &topics,
         "CC-001",
-        testkit::transfer_requested(Uuid::new_v4(), "CC-001", -5).to_string().into_bytes(),
+        testkit::transfer_requested(Uuid::new_v4(), "CC-001", Cents::new(-5)).to_string().into_bytes(),
     )
     .await;
-    publish(&topics, "CC-001", testkit::transfer_requested(after, "CC-001", 200).to_string().into_bytes())
-        .await;
+    // an account or a currency that breaks the contract's rules is refused when read
+    let mut bad_account = testkit::transfer_requested(Uuid::new_v4(), "CC-001", Cents::new(100));
+    bad_account["contaDestino"] = json!("CC 999");
+    publish(&topics, "CC-001", bad_account.to_string().into_bytes()).await;
+    let mut bad_currency = testkit::transfer_requested(Uuid::new_v4(), "CC-001", Cents::new(100));
+    bad_currency["moeda"] = json!("XYZ");
+    publish(&topics, "CC-001", bad_currency.to_string().into_bytes()).await;
+    publish(
+        &topics,
+        "CC-001",
+        testkit::transfer_requested(after, "CC-001", Cents::new(200)).to_string().into_bytes(),
+    )
+    .await;
     let running = start(&topics, "a").await;
 
     let analysed = receive(&reader(&topics, &[topics::ANALYSED]), 2).await;
     let ids: Vec<Value> = analysed.iter().map(|record| body(record)["transferenciaId"].clone()).collect();
     assert_eq!(ids, [json!(before.to_string()), json!(after.to_string())]);
     let letters =
-        receive(&reader(&topics, &[&contracts::topics::dead_letter_topic(topics::REQUESTED)]), 2).await;
+        receive(&reader(&topics, &[&contracts::topics::dead_letter_topic(topics::REQUESTED)]), 4).await;
     for letter in &letters {
         assert_eq!(
             header(letter, "kafka_dlt-exception-fqcn").as_deref(),
@@ -179,6 +195,9 @@ async fn poison_goes_to_the_dead_letter_topic_and_the_rest_is_processed() {
     }
     assert_eq!(letters[0].payload(), Some(b"{\"eventoId\": 42".as_slice()));
     assert!(header(&letters[1], "kafka_dlt-exception-message").expect("message").contains("greater than 0"));
+    let message = |letter| header(letter, "kafka_dlt-exception-message").expect("message");
+    assert!(message(&letters[2]).contains("may contain only letters"), "{}", message(&letters[2]));
+    assert!(message(&letters[3]).contains("not an active ISO 4217"), "{}", message(&letters[3]));
     running.stop().await;
 }
 
@@ -189,7 +208,7 @@ async fn a_redelivered_request_yields_the_same_event_id() {
     let running = start(&topics, "a").await;
     let transfer = Uuid::new_v4();
     // the outbox relay publishes at least once: the same event twice
-    let payload = testkit::transfer_requested(transfer, "CC-001", 4_321).to_string().into_bytes();
+    let payload = testkit::transfer_requested(transfer, "CC-001", Cents::new(4_321)).to_string().into_bytes();
     publish(&topics, "CC-001", payload.clone()).await;
     publish(&topics, "CC-001", payload).await;
     let outputs = receive(&reader(&topics, &[topics::ANALYSED]), 2).await;

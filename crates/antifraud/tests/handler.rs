@@ -18,6 +18,7 @@ use uuid::Uuid;
 use antifraud::analysis::{Analyser, Topics};
 use antifraud::scoring::{Scorer, DEFAULT_BLOCK_THRESHOLD_CENTS};
 use contracts::topics;
+use contracts::Cents;
 use testkit::{eventually, receive, unique, TestTopics};
 
 const RECORDS: usize = 20;
@@ -29,7 +30,7 @@ async fn publish_requests(topics: &TestTopics) -> HashSet<String> {
     for n in 0..RECORDS {
         let id = Uuid::new_v4();
         let key = format!("CC-{n:03}");
-        let event = testkit::transfer_requested(id, &key, 100 + n as i64);
+        let event = testkit::transfer_requested(id, &key, Cents::new(100 + n as i64));
         let record = OutgoingRecord::new(topics.topic(topics::REQUESTED), key, event.to_string());
         producer.send(&record).await.expect("publish");
         ids.insert(id.to_string());

@@ -71,6 +71,37 @@ impl Cents {
     }
 }
 
+/// Text that is not a number of cents a setting accepts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidCents {
+    #[error("{0:?} is not a whole number of cents")]
+    NotANumber(String),
+    #[error("must be at least {min}, got {value}")]
+    BelowMinimum { value: i64, min: i64 },
+}
+
+impl Cents {
+    /// Cents written as text (a command-line argument, an environment variable), at least
+    /// `min`: clap's `value_parser` for money settings.
+    pub fn parse_at_least(text: &str, min: Cents) -> Result<Cents, InvalidCents> {
+        let value: i64 = text.trim().parse().map_err(|_| InvalidCents::NotANumber(text.to_owned()))?;
+        if value < min.0 {
+            return Err(InvalidCents::BelowMinimum { value, min: min.0 });
+        }
+        Ok(Self(value))
+    }
+
+    /// An amount to move written as text: at least 1 cent.
+    pub fn parse_amount(text: &str) -> Result<Cents, InvalidCents> {
+        Self::parse_at_least(text, Cents(1))
+    }
+
+    /// A balance written as text that may not be negative (an opening balance).
+    pub fn parse_balance(text: &str) -> Result<Cents, InvalidCents> {
+        Self::parse_at_least(text, Cents::ZERO)
+    }
+}
+
 impl From<i64> for Cents {
     fn from(cents: i64) -> Self {
         Self(cents)
@@ -120,6 +151,58 @@ pub fn is_active_currency(code: &str) -> bool {
     code.len() == 3
         && code.bytes().all(|byte| byte.is_ascii_uppercase())
         && iso_currency::Currency::from_code(code).is_some()
+}
+
+/// Defines, for a validated text newtype with a `parse(impl Into<String>)`: `Display`,
+/// `AsRef<str>`, `Borrow<str>` (map lookups by `&str`), comparison with `str`, `TryFrom<String>`
+/// (what a database row holds: `#[sqlx(try_from = "String")]`) and a `Deserialize` that refuses
+/// what `parse` refuses, with its message.
+macro_rules! text_value {
+    ($type:ident, $error:ident) => {
+        impl fmt::Display for $type {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl AsRef<str> for $type {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::borrow::Borrow<str> for $type {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl PartialEq<str> for $type {
+            fn eq(&self, other: &str) -> bool {
+                self.0 == other
+            }
+        }
+
+        impl PartialEq<&str> for $type {
+            fn eq(&self, other: &&str) -> bool {
+                self.0 == *other
+            }
+        }
+
+        impl TryFrom<String> for $type {
+            type Error = $error;
+
+            fn try_from(text: String) -> Result<Self, $error> {
+                Self::parse(text)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $type {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                Self::parse(String::deserialize(deserializer)?).map_err(serde::de::Error::custom)
+            }
+        }
+    };
 }
 
 /// A well-formed account id (1–32 of `[A-Za-z0-9_-]`), a customer's or an issuer's.
@@ -172,23 +255,7 @@ impl AccountId {
     }
 }
 
-impl fmt::Display for AccountId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl AsRef<str> for AccountId {
-    fn as_ref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl<'de> Deserialize<'de> for AccountId {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        Self::parse(String::deserialize(deserializer)?).map_err(serde::de::Error::custom)
-    }
-}
+text_value!(AccountId, InvalidAccountId);
 
 /// An active ISO 4217 currency code in capitals (`BRL`).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -215,17 +282,7 @@ impl Currency {
     }
 }
 
-impl fmt::Display for Currency {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl<'de> Deserialize<'de> for Currency {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        Self::parse(String::deserialize(deserializer)?).map_err(serde::de::Error::custom)
-    }
-}
+text_value!(Currency, InvalidCurrency);
 
 /// An unknown spelling of a closed set of names read from the database or the wire.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -391,6 +448,23 @@ impl fmt::Display for Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cents_settings_are_read_with_their_floor() {
+        assert_eq!(Cents::parse_amount("10000000"), Ok(Cents::new(10_000_000)));
+        assert_eq!(Cents::parse_amount("0"), Err(InvalidCents::BelowMinimum { value: 0, min: 1 }));
+        assert_eq!(Cents::parse_amount("-5"), Err(InvalidCents::BelowMinimum { value: -5, min: 1 }));
+        assert_eq!(Cents::parse_balance("0"), Ok(Cents::ZERO));
+        assert_eq!(
+            Cents::parse_balance("-1").map_err(|error| error.to_string()),
+            Err("must be at least 0, got -1".to_owned())
+        );
+        assert_eq!(Cents::parse_amount("1.5"), Err(InvalidCents::NotANumber("1.5".into())));
+        assert_eq!(
+            Cents::parse_amount("9223372036854775808"),
+            Err(InvalidCents::NotANumber("9223372036854775808".into()))
+        );
+    }
 
     #[test]
     fn cents_arithmetic_refuses_overflow_instead_of_wrapping() {

@@ -4,13 +4,23 @@
 //! (serde's default) and takes ids and types from the payload, never from headers. The outcome
 //! events may carry the transfer's accounts and amount for notifications; those fields are
 //! optional because the article's Java producers do not send them.
+//!
+//! Accounts and currencies are [`AccountId`]s and [`Currency`]s: a request event
+//! (`TransferenciaSolicitada`, `TransferenciaAnalisada`) whose `contaOrigem`, `contaDestino` or
+//! `moeda` breaks the rules (an id that is not 1–32 of `[A-Za-z0-9_-]`, a code that is not an
+//! active ISO 4217 one in capitals) fails to deserialise, with the rule in the error, like a
+//! missing field does; each consumer dead-letters such a record as poison. On an outcome event
+//! those fields are optional extras ([`OutcomeDetails`]): a malformed one is read as absent,
+//! with a warning ([`MALFORMED_DETAIL`]), and the outcome itself is read.
+//! Issuer accounts (`EMISSOR-…`) are well-formed ids: refusing them as a side of a transfer is
+//! the ledger's business rule (`CONTA_INEXISTENTE`), not the wire's.
 
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::{Cents, Timestamp};
+use crate::{AccountId, Cents, Currency, Timestamp};
 
 /// `TransferenciaSolicitada`: a transfer was accepted by the API (published by the outbox).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -21,13 +31,13 @@ pub struct TransferRequested {
     #[serde(rename = "transferenciaId")]
     pub transfer_id: Uuid,
     #[serde(rename = "contaOrigem")]
-    pub source_account: String,
+    pub source_account: AccountId,
     #[serde(rename = "contaDestino")]
-    pub destination_account: String,
+    pub destination_account: AccountId,
     #[serde(rename = "valorEmCentavos")]
     pub amount_cents: Cents,
     #[serde(rename = "moeda")]
-    pub currency: String,
+    pub currency: Currency,
     /// Equals `transferencia.criada_em` of the row the event was written with.
     #[serde(rename = "criadaEm")]
     pub created_at: Timestamp,
@@ -41,13 +51,13 @@ pub struct TransferAnalysed {
     #[serde(rename = "transferenciaId")]
     pub transfer_id: Uuid,
     #[serde(rename = "contaOrigem")]
-    pub source_account: String,
+    pub source_account: AccountId,
     #[serde(rename = "contaDestino")]
-    pub destination_account: String,
+    pub destination_account: AccountId,
     #[serde(rename = "valorEmCentavos")]
     pub amount_cents: Cents,
     #[serde(rename = "moeda")]
-    pub currency: String,
+    pub currency: Currency,
     /// Risk score, 0–100.
     pub score: u8,
     #[serde(rename = "analisadaEm")]
@@ -84,17 +94,93 @@ pub struct TransferSettled {
 
 /// What our producers add to outcome events so notifications need no lookup. Readers must not
 /// require any of it: a Java producer from the article sends none.
+///
+/// Each field is read leniently: one that is present but malformed (an account id or a `moeda`
+/// breaking its rule, a `valorEmCentavos` that is not an integer) is read as absent, with a
+/// warning naming the field and the rule broken, and the rest of the event is read as usual. A
+/// settled or rejected transfer must not stay `PENDENTE` because of an extra it does not need.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutcomeDetails {
-    #[serde(rename = "contaOrigem", default, skip_serializing_if = "Option::is_none")]
-    pub source_account: Option<String>,
-    #[serde(rename = "contaDestino", default, skip_serializing_if = "Option::is_none")]
-    pub destination_account: Option<String>,
-    #[serde(rename = "valorEmCentavos", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "contaOrigem",
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient::source_account"
+    )]
+    pub source_account: Option<AccountId>,
+    #[serde(
+        rename = "contaDestino",
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient::destination_account"
+    )]
+    pub destination_account: Option<AccountId>,
+    #[serde(
+        rename = "valorEmCentavos",
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient::amount_cents"
+    )]
     pub amount_cents: Option<Cents>,
-    #[serde(rename = "moeda", default, skip_serializing_if = "Option::is_none")]
-    pub currency: Option<String>,
+    #[serde(
+        rename = "moeda",
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient::currency"
+    )]
+    pub currency: Option<Currency>,
 }
+
+/// `deserialize_with` helpers of [`OutcomeDetails`]: an optional field that is malformed reads
+/// as absent, with a warning.
+mod lenient {
+    use serde::{de::DeserializeOwned, Deserialize, Deserializer};
+
+    use crate::{AccountId, Cents, Currency};
+
+    /// The log message of a malformed optional field (`docs/operations.md` quotes it).
+    pub const MALFORMED_DETAIL: &str = "malformed optional field of an outcome event read as absent";
+
+    /// Reads `field` as a `T`; `null` is absent, and so is a value `T` refuses (warned about).
+    fn read<'de, D, T>(deserializer: D, field: &'static str) -> Result<Option<T>, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: DeserializeOwned,
+    {
+        // a malformed JSON document still fails here: only a well-formed value is forgiven
+        let value = serde_json::Value::deserialize(deserializer)?;
+        if value.is_null() {
+            return Ok(None);
+        }
+        match T::deserialize(&value) {
+            Ok(read) => Ok(Some(read)),
+            Err(rule) => {
+                tracing::warn!(field, %rule, "{MALFORMED_DETAIL}");
+                Ok(None)
+            }
+        }
+    }
+
+    pub fn source_account<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<AccountId>, D::Error> {
+        read(deserializer, "contaOrigem")
+    }
+
+    pub fn destination_account<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<AccountId>, D::Error> {
+        read(deserializer, "contaDestino")
+    }
+
+    pub fn amount_cents<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Cents>, D::Error> {
+        read(deserializer, "valorEmCentavos")
+    }
+
+    pub fn currency<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Currency>, D::Error> {
+        read(deserializer, "moeda")
+    }
+}
+
+pub use lenient::MALFORMED_DETAIL;
 
 /// What an outcome topic carries: `transferencias.liquidada` a [`TransferSettled`],
 /// `transferencias.rejeitada` a [`TransferRejected`] (read by the projection and notifications).
@@ -233,6 +319,14 @@ mod tests {
         Uuid::from_u128(n)
     }
 
+    fn account(id: &str) -> AccountId {
+        AccountId::parse(id).expect("a well-formed account id")
+    }
+
+    fn brl() -> Currency {
+        Currency::parse("BRL").expect("an active currency")
+    }
+
     fn at() -> Timestamp {
         Timestamp::parse("2026-12-03T10:15:30.123456Z").expect("valid")
     }
@@ -242,10 +336,10 @@ mod tests {
         let event = TransferRequested {
             event_id: id(1),
             transfer_id: id(2),
-            source_account: "CC-001".into(),
-            destination_account: "CC-002".into(),
+            source_account: account("CC-001"),
+            destination_account: account("CC-002"),
             amount_cents: Cents::new(30_000),
-            currency: "BRL".into(),
+            currency: brl(),
             created_at: at(),
         };
         let value = serde_json::to_value(&event).expect("serialize");
@@ -270,10 +364,10 @@ mod tests {
         let event = TransferAnalysed {
             event_id: id(1),
             transfer_id: id(2),
-            source_account: "CC-001".into(),
-            destination_account: "CC-002".into(),
+            source_account: account("CC-001"),
+            destination_account: account("CC-002"),
             amount_cents: Cents::new(30_000),
-            currency: "BRL".into(),
+            currency: brl(),
             score: 10,
             analysed_at: at(),
         };
@@ -314,10 +408,10 @@ mod tests {
             transfer_id: id(2),
             settled_at: at(),
             details: OutcomeDetails {
-                source_account: Some("CC-001".into()),
-                destination_account: Some("CC-002".into()),
+                source_account: Some(account("CC-001")),
+                destination_account: Some(account("CC-002")),
                 amount_cents: Some(Cents::new(500)),
-                currency: Some("BRL".into()),
+                currency: Some(brl()),
             },
         };
         let value = serde_json::to_value(&settled).expect("serialize");
@@ -373,6 +467,89 @@ mod tests {
             "valorEmCentavos": "100", "criadaEm": "2026-12-03T10:15:30Z"
         });
         assert!(serde_json::from_value::<TransferRequested>(wrong_type).is_err());
+    }
+
+    #[test]
+    fn an_invalid_account_or_currency_is_refused_with_the_rule_broken() {
+        let requested = json!({
+            "eventoId": "00000000-0000-0000-0000-000000000001",
+            "transferenciaId": "00000000-0000-0000-0000-000000000002",
+            "contaOrigem": "CC-001", "contaDestino": "CC-002", "moeda": "BRL",
+            "valorEmCentavos": 100, "criadaEm": "2026-12-03T10:15:30Z"
+        });
+        assert!(serde_json::from_value::<TransferRequested>(requested.clone()).is_ok());
+        let broken = |field: &str, value: Value| {
+            let mut event = requested.clone();
+            event[field] = value;
+            serde_json::from_value::<TransferRequested>(event).expect_err("must fail").to_string()
+        };
+        assert!(broken("contaOrigem", json!("CC 001")).contains("may contain only letters"));
+        assert!(broken("contaDestino", json!("")).contains("must be 1 to 32 characters"));
+        assert!(broken("contaDestino", json!("C".repeat(33))).contains("must be 1 to 32 characters"));
+        assert!(broken("moeda", json!("XYZ")).contains("not an active ISO 4217"));
+        assert!(broken("moeda", json!("brl")).contains("not an active ISO 4217"));
+        // an issuer account is well-formed: the ledger's rules reject it, not the wire
+        let issuer: TransferRequested = serde_json::from_value({
+            let mut event = requested.clone();
+            event["contaOrigem"] = json!("EMISSOR-BRL");
+            event
+        })
+        .expect("an issuer account is a well-formed id");
+        assert!(issuer.source_account.is_issuer());
+    }
+
+    #[test]
+    fn a_malformed_optional_detail_of_an_outcome_event_is_read_as_absent() {
+        let malformed = |mut event: Value| {
+            event["contaOrigem"] = json!("CC 001");
+            event["contaDestino"] = json!("CC-002");
+            event["valorEmCentavos"] = json!(500);
+            event["moeda"] = json!("XYZ");
+            event.to_string().into_bytes()
+        };
+        let kept = OutcomeDetails {
+            source_account: None,
+            destination_account: Some(account("CC-002")),
+            amount_cents: Some(Cents::new(500)),
+            currency: None,
+        };
+        let settled = malformed(json!({
+            "eventoId": "00000000-0000-0000-0000-000000000001",
+            "transferenciaId": "00000000-0000-0000-0000-000000000002",
+            "liquidadaEm": "2026-12-03T10:15:30Z"
+        }));
+        let Ok(OutcomeEvent::Settled(event)) = OutcomeEvent::decode(true, &settled) else {
+            panic!("a settled event with malformed details must be read");
+        };
+        assert_eq!(
+            (event.transfer_id, event.settled_at),
+            (id(2), Timestamp::parse("2026-12-03T10:15:30Z").expect("valid"))
+        );
+        assert_eq!(event.details, kept);
+
+        let rejected = malformed(json!({
+            "eventoId": "00000000-0000-0000-0000-000000000001",
+            "transferenciaId": "00000000-0000-0000-0000-000000000002",
+            "motivo": "SALDO_INSUFICIENTE",
+            "rejeitadaEm": "2026-12-03T10:15:30Z"
+        }));
+        let Ok(OutcomeEvent::Rejected(event)) = OutcomeEvent::decode(false, &rejected) else {
+            panic!("a rejected event with malformed details must be read");
+        };
+        assert_eq!((event.transfer_id, event.reason), (id(2), RejectionReason::InsufficientFunds));
+        assert_eq!(event.details, kept);
+
+        // an amount of the wrong type and an explicit null are absent too
+        let mut odd: Value = serde_json::from_slice(&settled).expect("json");
+        odd["valorEmCentavos"] = json!("500");
+        odd["contaDestino"] = Value::Null;
+        let event: TransferSettled = serde_json::from_value(odd).expect("read");
+        assert_eq!(event.details, OutcomeDetails::default());
+
+        // what the outcome needs is still required
+        let mut missing: Value = serde_json::from_slice(&settled).expect("json");
+        missing.as_object_mut().expect("object").remove("transferenciaId");
+        assert!(OutcomeEvent::decode(true, missing.to_string().as_bytes()).is_err());
     }
 
     #[test]

@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use contracts::events::OutcomeDetails;
 use contracts::headers::{dlt, retry};
 use contracts::{
-    RejectionReason, Timestamp, TransferAnalysed, TransferRejected, TransferRequested, TransferSettled,
+    AccountId, Currency, RejectionReason, Timestamp, TransferAnalysed, TransferRejected, TransferRequested,
+    TransferSettled,
 };
 use uuid::Uuid;
 
@@ -56,15 +57,23 @@ fn at() -> Timestamp {
     Timestamp::parse("2026-12-04T10:00:00Z").expect("timestamp")
 }
 
+fn account(id: &str) -> AccountId {
+    AccountId::parse(id).expect("a well-formed account id")
+}
+
+fn brl() -> Currency {
+    Currency::parse("BRL").expect("an active currency")
+}
+
 fn details(full: bool) -> OutcomeDetails {
     if !full {
         return OutcomeDetails::default();
     }
     OutcomeDetails {
-        source_account: Some("CC-1".into()),
-        destination_account: Some("CC-2".into()),
+        source_account: Some(account("CC-1")),
+        destination_account: Some(account("CC-2")),
         amount_cents: Some(contracts::Cents::new(1)),
-        currency: Some("BRL".into()),
+        currency: Some(brl()),
     }
 }
 
@@ -75,19 +84,19 @@ fn every_event_field_is_described_and_required_as_the_article_sends_it() {
     let requested = TransferRequested {
         event_id: id,
         transfer_id: id,
-        source_account: "CC-1".into(),
-        destination_account: "CC-2".into(),
+        source_account: account("CC-1"),
+        destination_account: account("CC-2"),
         amount_cents: contracts::Cents::new(1),
-        currency: "BRL".into(),
+        currency: brl(),
         created_at: at(),
     };
     let analysed = TransferAnalysed {
         event_id: id,
         transfer_id: id,
-        source_account: "CC-1".into(),
-        destination_account: "CC-2".into(),
+        source_account: account("CC-1"),
+        destination_account: account("CC-2"),
         amount_cents: contracts::Cents::new(1),
-        currency: "BRL".into(),
+        currency: brl(),
         score: 10,
         analysed_at: at(),
     };

@@ -15,6 +15,8 @@
 //! - `migrations/`: the schema, embedded as [`MIGRATOR`] with the outbox's table
 //!   (`outbox::migrations`).
 //! - [`start`]: wires the API, the settler, the outbox relay and the gauges.
+//! - `testing`: setup shared by tests (accounts opened, transfers settled), hidden from the
+//!   docs.
 //!
 //! # Architecture invariant
 //! Owns the `ledger` database; no other crate writes to it. Knows other services only through
@@ -26,6 +28,8 @@ pub mod republish;
 pub mod settlement;
 pub mod settler;
 pub mod store;
+#[doc(hidden)]
+pub mod testing;
 pub mod verify;
 
 use std::net::SocketAddr;

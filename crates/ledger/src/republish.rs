@@ -109,6 +109,7 @@ enum Checked {
 /// A settlement's entries are one debit of the source and one credit of the destination, both
 /// of the transfer's amount, in accounts of its currency.
 async fn check_entries(connection: &mut sqlx::PgConnection, transfer: &Transfer) -> Result<(), Checked> {
+    // raw text, as the database holds it: a corrupted value is reported as a disagreement
     let entries: Vec<(String, String, i64, String)> = sqlx::query_as(
         "SELECT l.conta_id, l.tipo, l.valor_centavos, c.moeda FROM lancamento AS l \
          JOIN conta AS c ON c.id = l.conta_id WHERE l.transferencia_id = $1 ORDER BY l.tipo DESC",
@@ -119,16 +120,16 @@ async fn check_entries(connection: &mut sqlx::PgConnection, transfer: &Transfer)
     .map_err(Checked::Database)?;
     let expected = [
         (
-            transfer.source.clone(),
+            transfer.source.to_string(),
             EntryKind::Debit.to_string(),
             transfer.amount_cents.get(),
-            transfer.currency.clone(),
+            transfer.currency.to_string(),
         ),
         (
-            transfer.destination.clone(),
+            transfer.destination.to_string(),
             EntryKind::Credit.to_string(),
             transfer.amount_cents.get(),
-            transfer.currency.clone(),
+            transfer.currency.to_string(),
         ),
     ];
     if entries != expected {

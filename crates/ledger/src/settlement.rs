@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use contracts::{Cents, RejectionReason};
+use contracts::{AccountId, Cents, Currency, RejectionReason};
 use uuid::Uuid;
 
 /// What the ledger decided for a transfer; pinned once stored (the domain type, here for the
@@ -14,7 +14,7 @@ pub use contracts::Outcome;
 /// An account as the rules see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Account {
-    pub currency: String,
+    pub currency: Currency,
     pub balance_cents: Cents,
     /// The currency's issuer account `EMISSOR-<MOEDA>`: the only kind that may go negative,
     /// never a side of a transfer.
@@ -25,10 +25,10 @@ pub struct Account {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Transfer {
     pub transfer_id: Uuid,
-    pub source: String,
-    pub destination: String,
+    pub source: AccountId,
+    pub destination: AccountId,
     pub amount_cents: Cents,
-    pub currency: String,
+    pub currency: Currency,
 }
 
 /// A balance would leave the `i64` range: the transfer cannot be applied (and cannot occur
@@ -37,7 +37,7 @@ pub struct Transfer {
 #[error("settling transfer {transfer_id} would overflow the balance of account {account}")]
 pub struct Overflow {
     pub transfer_id: Uuid,
-    pub account: String,
+    pub account: AccountId,
 }
 
 /// Decides `transfer` against `accounts` and, when it settles, moves the money in `accounts`.
@@ -45,8 +45,8 @@ pub struct Overflow {
 /// In this order: an account missing (or an issuer account on either side) →
 /// `CONTA_INEXISTENTE`; an account in another currency → `MOEDA_INCOMPATIVEL`; the source
 /// balance below the amount → `SALDO_INSUFICIENTE`; otherwise settled.
-pub fn decide(transfer: &Transfer, accounts: &mut HashMap<String, Account>) -> Result<Outcome, Overflow> {
-    let customer = |id: &str| accounts.get(id).filter(|account| !account.issuer);
+pub fn decide(transfer: &Transfer, accounts: &mut HashMap<AccountId, Account>) -> Result<Outcome, Overflow> {
+    let customer = |id: &AccountId| accounts.get(id).filter(|account| !account.issuer);
     let (Some(source), Some(destination)) = (customer(&transfer.source), customer(&transfer.destination))
     else {
         return Ok(Outcome::Rejected(RejectionReason::AccountNotFound));
@@ -58,7 +58,7 @@ pub fn decide(transfer: &Transfer, accounts: &mut HashMap<String, Account>) -> R
         return Ok(Outcome::Rejected(RejectionReason::InsufficientFunds));
     }
     let overflow =
-        |account: &str| Overflow { transfer_id: transfer.transfer_id, account: account.to_owned() };
+        |account: &AccountId| Overflow { transfer_id: transfer.transfer_id, account: account.clone() };
     let debited =
         source.balance_cents.checked_sub(transfer.amount_cents).ok_or_else(|| overflow(&transfer.source))?;
     // the same account on both sides (the settler refuses such records; the rule stays sound)
@@ -80,28 +80,33 @@ pub fn decide(transfer: &Transfer, accounts: &mut HashMap<String, Account>) -> R
 mod tests {
     use super::*;
 
-    fn accounts() -> HashMap<String, Account> {
-        let account = |currency: &str, balance_cents, issuer| Account {
-            currency: currency.into(),
-            balance_cents,
-            issuer,
-        };
+    fn id(id: &str) -> AccountId {
+        AccountId::parse(id).expect("a well-formed account id")
+    }
+
+    fn currency(code: &str) -> Currency {
+        Currency::parse(code).expect("an active currency")
+    }
+
+    fn accounts() -> HashMap<AccountId, Account> {
+        let account =
+            |code: &str, balance_cents, issuer| Account { currency: currency(code), balance_cents, issuer };
         HashMap::from([
-            ("A".to_owned(), account("BRL", Cents::new(1_000), false)),
-            ("B".to_owned(), account("BRL", Cents::ZERO, false)),
-            ("U".to_owned(), account("USD", Cents::new(500), false)),
-            ("EMISSOR-BRL".to_owned(), account("BRL", Cents::new(-1_000), true)),
-            ("MAX".to_owned(), account("BRL", Cents::MAX, false)),
+            (id("A"), account("BRL", Cents::new(1_000), false)),
+            (id("B"), account("BRL", Cents::ZERO, false)),
+            (id("U"), account("USD", Cents::new(500), false)),
+            (id("EMISSOR-BRL"), account("BRL", Cents::new(-1_000), true)),
+            (id("MAX"), account("BRL", Cents::MAX, false)),
         ])
     }
 
     fn transfer(source: &str, destination: &str, amount_cents: i64) -> Transfer {
         Transfer {
             transfer_id: Uuid::nil(),
-            source: source.into(),
-            destination: destination.into(),
+            source: id(source),
+            destination: id(destination),
             amount_cents: Cents::amount(amount_cents).expect("a test amount is positive"),
-            currency: "BRL".into(),
+            currency: currency("BRL"),
         }
     }
 
@@ -128,7 +133,10 @@ mod tests {
             (transfer("EMISSOR-BRL", "A", 1), RejectionReason::AccountNotFound),
             (transfer("A", "EMISSOR-BRL", 1), RejectionReason::AccountNotFound),
             (transfer("A", "U", 1), RejectionReason::CurrencyMismatch),
-            (Transfer { currency: "USD".into(), ..transfer("A", "B", 1) }, RejectionReason::CurrencyMismatch),
+            (
+                Transfer { currency: currency("USD"), ..transfer("A", "B", 1) },
+                RejectionReason::CurrencyMismatch,
+            ),
             (transfer("A", "B", 1_001), RejectionReason::InsufficientFunds),
         ];
         for (transfer, reason) in cases {

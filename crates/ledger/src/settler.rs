@@ -30,7 +30,7 @@ use kafka::dead_letter::Failure;
 use kafka::rdkafka::message::{Message, OwnedMessage};
 use sqlx::PgPool;
 
-use contracts::{Cents, TransferAnalysed};
+use contracts::{AccountId, Cents, TransferAnalysed};
 
 use crate::error::{FailureKind, StoreError};
 use crate::settlement::{Outcome, Transfer};
@@ -63,8 +63,8 @@ pub enum MalformedEvent {
     Json(#[source] serde_json::Error),
     #[error("not a valid TransferenciaAnalisada: valorEmCentavos must be greater than 0, got {0}")]
     Amount(i64),
-    #[error("not a valid TransferenciaAnalisada: contaOrigem and contaDestino are both {0:?}")]
-    SameAccount(String),
+    #[error("not a valid TransferenciaAnalisada: contaOrigem and contaDestino are both {:?}", .0.as_str())]
+    SameAccount(AccountId),
 }
 
 /// Blocking retries of a record that failed transiently: the consumer runtime's.

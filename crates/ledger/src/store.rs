@@ -23,7 +23,7 @@ use sqlx::{PgConnection, PgPool};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use contracts::{Cents, EntryKind};
+use contracts::{AccountId, Cents, Currency, EntryKind};
 
 use crate::error::StoreError;
 use crate::settlement::Account;
@@ -49,7 +49,11 @@ async fn connection(pool: &PgPool) -> Result<sqlx::pool::PoolConnection<sqlx::Po
 /// A `conta` row as the settlement rules read it.
 #[derive(Debug, sqlx::FromRow)]
 struct LockedAccount {
-    id: String,
+    #[sqlx(try_from = "String")]
+    id: AccountId,
+    /// Parsed by [`lock_accounts`], so that a value that is no currency is
+    /// [`StoreError::InvalidCurrency`] (a permanent failure of the record), not a decode error
+    /// (which reads as the database being unavailable and would stop the settler).
     #[sqlx(rename = "moeda")]
     currency: String,
     #[sqlx(rename = "saldo_centavos", try_from = "i64")]
@@ -61,38 +65,36 @@ struct LockedAccount {
 /// Locks `ids` (those that exist) in byte order and reads them.
 async fn lock_accounts(
     connection: &mut PgConnection,
-    ids: &[String],
-) -> Result<HashMap<String, Account>, sqlx::Error> {
+    ids: &[&AccountId],
+) -> Result<HashMap<AccountId, Account>, StoreError> {
     let rows: Vec<LockedAccount> = sqlx::query_as(
         "SELECT id, moeda, saldo_centavos, emissor FROM conta WHERE id = ANY($1) ORDER BY id FOR UPDATE",
     )
-    .bind(ids)
+    .bind(ids.iter().map(|id| id.as_str()).collect::<Vec<_>>())
     .fetch_all(&mut *connection)
     .await?;
-    Ok(rows
-        .into_iter()
+    rows.into_iter()
         .map(|row| {
-            let account =
-                Account { currency: row.currency, balance_cents: row.balance_cents, issuer: row.issuer };
-            (row.id, account)
+            let currency = Currency::parse(row.currency)?;
+            Ok((row.id, Account { currency, balance_cents: row.balance_cents, issuer: row.issuer }))
         })
-        .collect())
+        .collect()
 }
 
 /// `lancamento` rows to insert with one statement.
 #[derive(Debug, Default)]
 struct Entries {
     transfer_ids: Vec<Uuid>,
-    accounts: Vec<String>,
+    accounts: Vec<AccountId>,
     kinds: Vec<EntryKind>,
     amounts: Vec<Cents>,
 }
 
 impl Entries {
-    fn push(&mut self, transfer_id: Uuid, account: &str, kind: EntryKind, amount_cents: Cents) {
+    fn push(&mut self, transfer_id: Uuid, account: &AccountId, kind: EntryKind, amount_cents: Cents) {
         assert!(amount_cents.is_positive(), "an entry of {amount_cents} cents");
         self.transfer_ids.push(transfer_id);
-        self.accounts.push(account.to_owned());
+        self.accounts.push(account.clone());
         self.kinds.push(kind);
         self.amounts.push(amount_cents);
     }
@@ -112,8 +114,18 @@ impl Entries {
         per_transfer.values().all(|sum| *sum == 0)
     }
 
+    /// How many rows: the four columns are parallel vectors, and `UNNEST` would pad a shorter
+    /// one with NULLs rather than refuse it, so unequal lengths are a bug stopped here.
+    fn rows(&self) -> usize {
+        let rows = self.transfer_ids.len();
+        assert_eq!(self.accounts.len(), rows, "entry columns of unequal length");
+        assert_eq!(self.kinds.len(), rows, "entry columns of unequal length");
+        assert_eq!(self.amounts.len(), rows, "entry columns of unequal length");
+        rows
+    }
+
     async fn insert(&self, connection: &mut PgConnection, at: OffsetDateTime) -> Result<(), sqlx::Error> {
-        if self.transfer_ids.is_empty() {
+        if self.rows() == 0 {
             return Ok(());
         }
         sqlx::query(
@@ -122,7 +134,7 @@ impl Entries {
              AS l(id, conta, tipo, valor)",
         )
         .bind(&self.transfer_ids)
-        .bind(&self.accounts)
+        .bind(self.accounts.iter().map(AccountId::as_str).collect::<Vec<_>>())
         .bind(self.kinds.iter().map(EntryKind::as_str).collect::<Vec<_>>())
         .bind(self.amounts.iter().map(|amount| amount.get()).collect::<Vec<_>>())
         .bind(at)
@@ -136,25 +148,38 @@ impl Entries {
 mod tests {
     use super::*;
 
+    fn account(id: &str) -> AccountId {
+        AccountId::parse(id).expect("a well-formed account id")
+    }
+
     #[test]
     fn entries_balance_per_transfer_not_only_in_total() {
         let (one, two) = (Uuid::new_v4(), Uuid::new_v4());
         let mut entries = Entries::default();
         let cents = Cents::new;
-        entries.push(one, "A", EntryKind::Debit, cents(100));
-        entries.push(one, "B", EntryKind::Credit, cents(100));
+        entries.push(one, &account("A"), EntryKind::Debit, cents(100));
+        entries.push(one, &account("B"), EntryKind::Credit, cents(100));
         assert!(entries.balanced());
         // the totals match, each transfer does not
-        entries.push(two, "A", EntryKind::Debit, cents(50));
-        entries.push(one, "B", EntryKind::Credit, cents(50));
-        entries.push(two, "B", EntryKind::Credit, cents(1));
-        entries.push(one, "A", EntryKind::Debit, cents(1));
+        entries.push(two, &account("A"), EntryKind::Debit, cents(50));
+        entries.push(one, &account("B"), EntryKind::Credit, cents(50));
+        entries.push(two, &account("B"), EntryKind::Credit, cents(1));
+        entries.push(one, &account("A"), EntryKind::Debit, cents(1));
         assert!(!entries.balanced());
+    }
+
+    #[test]
+    #[should_panic(expected = "entry columns of unequal length")]
+    fn entry_columns_of_unequal_length_are_a_bug() {
+        let mut entries = Entries::default();
+        entries.push(Uuid::new_v4(), &account("A"), EntryKind::Debit, Cents::new(1));
+        entries.kinds.push(EntryKind::Credit);
+        entries.rows();
     }
 
     #[test]
     #[should_panic(expected = "an entry of 0 cents")]
     fn an_entry_of_nothing_is_a_bug() {
-        Entries::default().push(Uuid::new_v4(), "A", EntryKind::Debit, Cents::ZERO);
+        Entries::default().push(Uuid::new_v4(), &account("A"), EntryKind::Debit, Cents::ZERO);
     }
 }

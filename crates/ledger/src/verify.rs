@@ -6,6 +6,8 @@
 
 use sqlx::{PgPool, Row};
 
+use contracts::Cents;
+
 /// Breaks named per check; the rest are counted.
 pub const LISTED: i64 = 20;
 
@@ -203,22 +205,50 @@ pub fn settled_transfer_ids(
 /// What the ledger decided for one transfer, and what it moved: `source`, `destination`,
 /// `amount_cents` and `currency` come from the settlement's `D` and `C` entries (the source
 /// account's currency), so they are `None` for a rejection, which moves nothing and leaves
-/// only its outcome.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+/// only its outcome. Like `transfers::verify::TransferRow`, the text stays raw so that a
+/// corrupted value is reported as a difference rather than refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     pub transfer_id: uuid::Uuid,
     pub result: String,
     pub reason: Option<String>,
     pub source: Option<String>,
     pub destination: Option<String>,
-    pub amount_cents: Option<i64>,
+    pub amount_cents: Option<Cents>,
     pub currency: Option<String>,
+}
+
+/// [`Decision`] as read (sqlx maps no `Option<i64>` to `Option<Cents>` by itself).
+#[derive(sqlx::FromRow)]
+struct DecisionRow {
+    transfer_id: uuid::Uuid,
+    result: String,
+    reason: Option<String>,
+    source: Option<String>,
+    destination: Option<String>,
+    amount_cents: Option<i64>,
+    currency: Option<String>,
+}
+
+impl From<DecisionRow> for Decision {
+    fn from(row: DecisionRow) -> Self {
+        Self {
+            transfer_id: row.transfer_id,
+            result: row.result,
+            reason: row.reason,
+            source: row.source,
+            destination: row.destination,
+            amount_cents: row.amount_cents.map(Cents::new),
+            currency: row.currency,
+        }
+    }
 }
 
 /// Every transfer the ledger decided, in id order, with its entries folded in (one scan of
 /// `lancamento`, hash-joined), for invariant 4's field-by-field comparison.
 pub fn decisions(pool: &PgPool) -> impl futures::Stream<Item = Result<Decision, sqlx::Error>> + '_ {
-    sqlx::query_as(
+    use futures::TryStreamExt;
+    sqlx::query_as::<_, DecisionRow>(
         "SELECT p.transferencia_id AS transfer_id, p.resultado AS result, p.motivo AS reason, \
                 e.origem AS source, e.destino AS destination, e.valor AS amount_cents, \
                 co.moeda::text AS currency \
@@ -232,4 +262,5 @@ pub fn decisions(pool: &PgPool) -> impl futures::Stream<Item = Result<Decision, 
          ORDER BY p.transferencia_id",
     )
     .fetch(pool)
+    .map_ok(Decision::from)
 }

@@ -13,6 +13,8 @@ use std::collections::HashMap;
 use proptest::prelude::*;
 use uuid::Uuid;
 
+use contracts::AccountId;
+
 use ledger::settlement::{Outcome, Transfer};
 use ledger::store::{self, CreateAccountError, DepositError, DepositMade, OutcomeTopics, Request};
 use testkit::TestDatabase;
@@ -22,12 +24,13 @@ const CURRENCIES: [&str; 2] = ["BRL", "USD"];
 const OPENABLE: usize = 5;
 
 /// Index → account id: `CC-0`…`CC-4` may be opened, then the BRL issuer, then one never opened.
-fn account_id(index: usize) -> String {
-    match index {
+fn account_id(index: usize) -> AccountId {
+    let id = match index {
         n if n < OPENABLE => format!("CC-{n}"),
         OPENABLE => "EMISSOR-BRL".to_owned(),
         _ => "CC-9".to_owned(),
-    }
+    };
+    AccountId::parse(id).expect("a well-formed account id")
 }
 
 fn transfer_id(index: usize) -> Uuid {
@@ -156,9 +159,9 @@ impl Model {
             }
             let outcome = self.rule(transfer);
             if outcome.0 == "LIQUIDADA" {
-                self.accounts.get_mut(&transfer.source).expect("source").balance_cents -=
+                self.accounts.get_mut(transfer.source.as_str()).expect("source").balance_cents -=
                     transfer.amount_cents.get();
-                self.accounts.get_mut(&transfer.destination).expect("destination").balance_cents +=
+                self.accounts.get_mut(transfer.destination.as_str()).expect("destination").balance_cents +=
                     transfer.amount_cents.get();
             }
             self.decided.insert(transfer.transfer_id, outcome);
@@ -169,11 +172,12 @@ impl Model {
 
     fn rule(&self, transfer: &Transfer) -> (&'static str, Option<&'static str>) {
         let (Some(source), Some(destination)) =
-            (self.accounts.get(&transfer.source), self.accounts.get(&transfer.destination))
+            (self.accounts.get(transfer.source.as_str()), self.accounts.get(transfer.destination.as_str()))
         else {
             return ("REJEITADA", Some("CONTA_INEXISTENTE"));
         };
-        if source.currency != transfer.currency || destination.currency != transfer.currency {
+        if source.currency != transfer.currency.as_str() || destination.currency != transfer.currency.as_str()
+        {
             return ("REJEITADA", Some("MOEDA_INCOMPATIVEL"));
         }
         if source.balance_cents < transfer.amount_cents.get() {
@@ -206,7 +210,7 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                     contracts::Cents::new(opening_cents),
                 )
                 .await;
-                let expected = model.open(&id, CURRENCIES[currency], opening_cents);
+                let expected = model.open(id.as_str(), CURRENCIES[currency], opening_cents);
                 match created {
                     Ok(_) => prop_assert!(expected, "{id} opened twice"),
                     Err(CreateAccountError::Exists(_)) => prop_assert!(!expected, "{id} refused"),
@@ -224,7 +228,7 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                 };
                 prop_assert_eq!(
                     result,
-                    model.deposit(id, &account, cents),
+                    model.deposit(id, account.as_str(), cents),
                     "deposit {} into {}",
                     id,
                     account
@@ -238,7 +242,7 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                         source: account_id(step.source),
                         destination: account_id(step.destination),
                         amount_cents: contracts::Cents::new(step.cents),
-                        currency: CURRENCIES[step.currency].to_owned(),
+                        currency: contracts::Currency::parse(CURRENCIES[step.currency]).expect("currency"),
                     })
                     .collect();
                 let requests: Vec<Request> = transfers

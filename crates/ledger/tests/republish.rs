@@ -6,7 +6,8 @@ use contracts::ids::{derived_event_id, REJECTED_BY_LEDGER_PREFIX, SETTLED_PREFIX
 use contracts::RejectionReason;
 use ledger::republish::{outcome, ReemitError, Reemitted};
 use ledger::settlement::{Outcome, Transfer};
-use ledger::store::{self, OutcomeTopics, Request};
+use ledger::store::{self, OutcomeTopics};
+use ledger::testing;
 use serde_json::Value;
 use sqlx::PgPool;
 use testkit::TestDatabase;
@@ -20,18 +21,19 @@ fn topics() -> OutcomeTopics {
 }
 
 fn transfer(source: &str, destination: &str, amount_cents: i64) -> Transfer {
-    Transfer {
-        transfer_id: Uuid::new_v4(),
-        source: source.into(),
-        destination: destination.into(),
-        amount_cents: contracts::Cents::new(amount_cents),
-        currency: "BRL".into(),
-    }
+    testing::transfer(Uuid::new_v4(), source, destination, amount_cents, "BRL")
 }
 
 async fn settle(pool: &PgPool, transfer: &Transfer) {
-    let request = Request { transfer: transfer.clone(), traceparent: None, tracestate: None };
-    store::settle(pool, &[request], &topics()).await.expect("settle");
+    testing::settle(pool, std::slice::from_ref(transfer), &topics()).await;
+}
+
+/// A database of its own with two BRL accounts: `source` holding 1 000, `destination` none.
+async fn books(source: &str, destination: &str) -> TestDatabase {
+    let database = TestDatabase::create(&ledger::MIGRATOR).await;
+    testing::open_account(&database.pool, source, "BRL", 1_000).await;
+    testing::open_account(&database.pool, destination, "BRL", 0).await;
+    database
 }
 
 /// (payload, published) of the outbox row `id`, if any.
@@ -55,24 +57,8 @@ async fn mark_published(pool: &PgPool, id: Uuid) {
 
 #[tokio::test]
 async fn the_outcome_sent_again_is_the_event_the_ledger_wrote_and_only_once_while_it_waits() {
-    let database = TestDatabase::create(&ledger::MIGRATOR).await;
+    let database = books("RE-A", "RE-B").await;
     let pool = &database.pool;
-    store::create_account(
-        pool,
-        "RE-A",
-        &contracts::Currency::parse("BRL").expect("currency"),
-        contracts::Cents::new(1_000),
-    )
-    .await
-    .expect("account");
-    store::create_account(
-        pool,
-        "RE-B",
-        &contracts::Currency::parse("BRL").expect("currency"),
-        contracts::Cents::new(0),
-    )
-    .await
-    .expect("account");
     let settled = transfer("RE-A", "RE-B", 300);
     let rejected = transfer("RE-B", "RE-A", 5_000);
     settle(pool, &settled).await;
@@ -122,31 +108,20 @@ async fn the_outcome_sent_again_is_the_event_the_ledger_wrote_and_only_once_whil
     );
     // no money moved
     assert_eq!(
-        store::find_account(pool, "RE-A").await.expect("read").expect("account").balance_cents.get(),
+        store::find_account(pool, &testing::account("RE-A"))
+            .await
+            .expect("read")
+            .expect("account")
+            .balance_cents
+            .get(),
         700
     );
 }
 
 #[tokio::test]
 async fn an_undecided_transfer_is_not_the_ledgers_and_disagreeing_entries_are_refused() {
-    let database = TestDatabase::create(&ledger::MIGRATOR).await;
+    let database = books("RE-C", "RE-D").await;
     let pool = &database.pool;
-    store::create_account(
-        pool,
-        "RE-C",
-        &contracts::Currency::parse("BRL").expect("currency"),
-        contracts::Cents::new(1_000),
-    )
-    .await
-    .expect("account");
-    store::create_account(
-        pool,
-        "RE-D",
-        &contracts::Currency::parse("BRL").expect("currency"),
-        contracts::Cents::new(0),
-    )
-    .await
-    .expect("account");
     assert_eq!(
         outcome(pool, &transfer("RE-C", "RE-D", 1), &topics(), false).await.expect("outcome"),
         Reemitted::NotDecided
@@ -163,7 +138,8 @@ async fn an_undecided_transfer_is_not_the_ledgers_and_disagreeing_entries_are_re
     assert!(error.to_string().contains("D RE-C 300 BRL, C RE-D 300 BRL"), "{error}");
     assert!(error.to_string().contains("D RE-C 301 BRL, C RE-D 301 BRL"), "{error}");
     assert_eq!(outbox_row(pool, event).await.map(|(_, published)| published), Some(true), "left alone");
-    let swapped = Transfer { source: "RE-D".into(), destination: "RE-C".into(), ..settled };
+    let swapped =
+        Transfer { source: testing::account("RE-D"), destination: testing::account("RE-C"), ..settled };
     assert!(matches!(
         outcome(pool, &swapped, &topics(), false).await.expect_err("disagrees"),
         ReemitError::Disagrees { .. }

@@ -165,11 +165,17 @@ async fn malformed_records_go_to_the_dead_letter_topic_at_once_and_the_rest_sett
 
     let same_account = analysed(Uuid::new_v4(), "CC-A", "CC-A", 10, "BRL");
     let zero = analysed(Uuid::new_v4(), "CC-A", "CC-B", 0, "BRL");
-    let poisons: [Vec<u8>; 4] = [
+    // an account or a currency that breaks the contract's rules is refused when read (not
+    // decided as CONTA_INEXISTENTE or MOEDA_INCOMPATIVEL)
+    let bad_account = analysed(Uuid::new_v4(), "CC-A", "CC B", 10, "BRL");
+    let bad_currency = analysed(Uuid::new_v4(), "CC-A", "CC-B", 10, "XYZ");
+    let poisons: [Vec<u8>; 6] = [
         b"{not json".to_vec(),
         vec![0xff, 0xfe, 0x00],
         same_account.to_string().into_bytes(),
         zero.to_string().into_bytes(),
+        bad_account.to_string().into_bytes(),
+        bad_currency.to_string().into_bytes(),
     ];
     let before = Uuid::new_v4();
     let after = Uuid::new_v4();
@@ -199,15 +205,18 @@ async fn malformed_records_go_to_the_dead_letter_topic_at_once_and_the_rest_sett
         );
     }
     assert!(header(&letters[2], dlt::EXCEPTION_MESSAGE).expect("message").contains("both \"CC-A\""));
+    let message = |letter| header(letter, dlt::EXCEPTION_MESSAGE).expect("message");
+    assert!(message(&letters[4]).contains("may contain only letters"), "{}", message(&letters[4]));
+    assert!(message(&letters[5]).contains("not an active ISO 4217"), "{}", message(&letters[5]));
     ledger.caught_up().await;
-    assert_eq!(ledger.written(&topics::dead_letter_topic(topics::ANALYSED)).await, 4, "one dead letter each");
+    assert_eq!(ledger.written(&topics::dead_letter_topic(topics::ANALYSED)).await, 6, "one dead letter each");
     assert_eq!((ledger.balance("CC-A").await, ledger.balance("CC-B").await), (800, 200));
     let metrics = ledger.metrics().await;
     let dead_topic = topics::dead_letter_topic(&input);
     assert!(
         metrics.lines().any(|line| line.starts_with("dlt_mensagens_total")
             && line.contains(&dead_topic)
-            && line.ends_with(" 4")),
+            && line.ends_with(" 6")),
         "{metrics}"
     );
     ledger.stop().await;

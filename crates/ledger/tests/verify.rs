@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use ledger::settlement::Transfer;
-use ledger::store::{self, OutcomeTopics, Request};
+use ledger::store::{self, OutcomeTopics};
+use ledger::testing;
 use testkit::TestDatabase;
 
 /// A ledger with A (BRL 1 000), B (BRL 0), U (USD 500), transfer `settled` A → B 300 and
@@ -23,29 +23,15 @@ async fn books() -> Books {
     let database = TestDatabase::create(&ledger::MIGRATOR).await;
     let pool = &database.pool;
     for (id, currency, opening) in [("A", "BRL", 1_000), ("B", "BRL", 0), ("U", "USD", 500)] {
-        store::create_account(
-            pool,
-            id,
-            &contracts::Currency::parse(currency).expect("currency"),
-            contracts::Cents::new(opening),
-        )
-        .await
-        .expect("account");
+        testing::open_account(pool, id, currency, opening).await;
     }
     let (settled, rejected) = (Uuid::new_v4(), Uuid::new_v4());
-    let request = |transfer_id, amount_cents| Request {
-        transfer: Transfer {
-            transfer_id,
-            source: "A".into(),
-            destination: "B".into(),
-            amount_cents: contracts::Cents::new(amount_cents),
-            currency: "BRL".into(),
-        },
-        traceparent: None,
-        tracestate: None,
-    };
     let topics = OutcomeTopics { settled: "liquidada".into(), rejected: "rejeitada".into() };
-    store::settle(pool, &[request(settled, 300), request(rejected, 5_000)], &topics).await.expect("settle");
+    let transfers = [
+        testing::transfer(settled, "A", "B", 300, "BRL"),
+        testing::transfer(rejected, "A", "B", 5_000, "BRL"),
+    ];
+    testing::settle(pool, &transfers, &topics).await;
     assert_eq!(
         store::outcome(pool, rejected).await.expect("outcome").expect("decided").result(),
         "REJEITADA"

@@ -7,6 +7,7 @@ use reqwest::{Client, RequestBuilder, StatusCode};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
+use contracts::Cents;
 use telemetry::error_chain;
 
 use crate::LoadgenError;
@@ -81,7 +82,7 @@ impl Api {
 
     /// `POST /contas` with an opening balance; an account that exists already is an error
     /// (account ids carry the run id, so it would be another run's).
-    pub async fn open_account(&self, id: &str, opening_cents: i64) -> Result<(), LoadgenError> {
+    pub async fn open_account(&self, id: &str, opening_cents: Cents) -> Result<(), LoadgenError> {
         let request = self
             .http
             .post(format!("{}/contas", self.ledger))
@@ -98,7 +99,7 @@ impl Api {
     }
 
     /// `POST /transferencias` with a fresh `Idempotency-Key`, as a payments client sends it.
-    pub async fn transfer(&self, source: &str, destination: &str, amount_cents: i64) -> Sent {
+    pub async fn transfer(&self, source: &str, destination: &str, amount_cents: Cents) -> Sent {
         let request = self
             .http
             .post(format!("{}/transferencias", self.transfers))

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use contracts::Cents;
 use kafka::KafkaArgs;
 
 /// Drive transfers through the HTTP API and report throughput and latency.
@@ -42,12 +43,12 @@ pub struct LoadgenArgs {
 
     /// Largest amount of one transfer, in cents (amounts are drawn uniformly from 1 to this;
     /// keep it below antifraud's block threshold for a load that settles).
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(i64).range(1..))]
-    pub max_amount_cents: i64,
+    #[arg(long, default_value_t = Cents::new(10_000), value_parser = Cents::parse_amount)]
+    pub max_amount_cents: Cents,
 
     /// Opening balance of every account, in cents.
-    #[arg(long, default_value_t = 100_000_000_000, value_parser = clap::value_parser!(i64).range(0..))]
-    pub opening_balance_cents: i64,
+    #[arg(long, default_value_t = Cents::new(100_000_000_000), value_parser = Cents::parse_balance)]
+    pub opening_balance_cents: Cents,
 
     /// The transferencias API.
     #[arg(long, env = "LOADGEN_TRANSFERENCIAS_URL", default_value = "http://localhost:8080", value_parser = parse_base_url)]

@@ -5,6 +5,8 @@ use rand::rngs::StdRng;
 use rand::Rng;
 use rand_distr::{Distribution, Zipf};
 
+use contracts::Cents;
+
 use crate::args::Skew;
 
 /// Draws transfers over `accounts` accounts.
@@ -13,7 +15,7 @@ pub struct Draw {
     accounts: u32,
     skew: Skew,
     zipf: Option<Zipf<f64>>,
-    max_amount_cents: i64,
+    max_amount_cents: Cents,
 }
 
 /// The hot account of `hot-credit` and `hot-debit`.
@@ -24,18 +26,18 @@ const HOT: u32 = 0;
 pub struct Pick {
     pub source: u32,
     pub destination: u32,
-    pub amount_cents: i64,
+    pub amount_cents: Cents,
 }
 
 impl Draw {
     /// `accounts ≥ 2`, `max_amount_cents ≥ 1` (the arguments' ranges).
-    pub fn new(accounts: u32, skew: Skew, max_amount_cents: i64) -> Self {
+    pub fn new(accounts: u32, skew: Skew, max_amount_cents: Cents) -> Self {
         let zipf = match skew {
             // n ≥ 2 and s ≥ 0 finite are checked by the argument parsers
             Skew::Zipf(s) => Zipf::new(f64::from(accounts), s).ok(),
             Skew::Uniform | Skew::HotCredit | Skew::HotDebit => None,
         };
-        Self { accounts, skew, zipf, max_amount_cents: max_amount_cents.max(1) }
+        Self { accounts, skew, zipf, max_amount_cents: max_amount_cents.max(Cents::new(1)) }
     }
 
     fn account(&self, rng: &mut StdRng) -> u32 {
@@ -66,7 +68,8 @@ impl Draw {
                 (source, destination)
             }
         };
-        Pick { source, destination, amount_cents: rng.random_range(1..=self.max_amount_cents) }
+        let amount_cents = Cents::new(rng.random_range(1..=self.max_amount_cents.get()));
+        Pick { source, destination, amount_cents }
     }
 }
 
@@ -81,7 +84,7 @@ mod tests {
         for _ in 0..n {
             let pick = draw.next(&mut rng);
             assert_ne!(pick.source, pick.destination);
-            assert!((1..=500).contains(&pick.amount_cents));
+            assert!((1..=500).contains(&pick.amount_cents.get()));
             counts[pick.source as usize] += 1;
         }
         counts
@@ -89,9 +92,9 @@ mod tests {
 
     #[test]
     fn uniform_spreads_and_zipf_concentrates() {
-        let uniform = counts(&Draw::new(10, Skew::Uniform, 500), 20_000);
+        let uniform = counts(&Draw::new(10, Skew::Uniform, Cents::new(500)), 20_000);
         assert!(uniform.iter().all(|&count| (1_600..2_400).contains(&count)), "{uniform:?}");
-        let zipf = counts(&Draw::new(10, Skew::Zipf(1.5), 500), 20_000);
+        let zipf = counts(&Draw::new(10, Skew::Zipf(1.5), Cents::new(500)), 20_000);
         // rank 1 ~ 1/H(10,1.5) ≈ 0.48 of the draws; rank 10 ≈ 1.5 %
         assert!(zipf[0] > 8_000 && zipf[9] < 800, "{zipf:?}");
         assert!(zipf.windows(2).all(|pair| pair[0] >= pair[1]), "{zipf:?}");
@@ -104,7 +107,7 @@ mod tests {
         for _ in 0..n {
             let pick = draw.next(&mut rng);
             assert_ne!(pick.source, pick.destination);
-            assert!((1..=500).contains(&pick.amount_cents));
+            assert!((1..=500).contains(&pick.amount_cents.get()));
             sources[pick.source as usize] += 1;
             destinations[pick.destination as usize] += 1;
         }
@@ -113,7 +116,7 @@ mod tests {
 
     #[test]
     fn hot_credit_credits_one_account_from_all_the_others() {
-        let (sources, destinations) = sides(&Draw::new(10, Skew::HotCredit, 500), 10, 18_000);
+        let (sources, destinations) = sides(&Draw::new(10, Skew::HotCredit, Cents::new(500)), 10, 18_000);
         assert_eq!(destinations[0], 18_000, "every transfer credits the hot account: {destinations:?}");
         assert_eq!(sources[0], 0, "the hot account never pays: {sources:?}");
         // the other nine spread evenly, 2 000 each
@@ -122,23 +125,23 @@ mod tests {
 
     #[test]
     fn hot_debit_debits_one_account_to_all_the_others() {
-        let (sources, destinations) = sides(&Draw::new(10, Skew::HotDebit, 500), 10, 18_000);
+        let (sources, destinations) = sides(&Draw::new(10, Skew::HotDebit, Cents::new(500)), 10, 18_000);
         assert_eq!(sources[0], 18_000, "every transfer debits the hot account: {sources:?}");
         assert_eq!(destinations[0], 0, "{destinations:?}");
         assert!(destinations[1..].iter().all(|&count| (1_600..2_400).contains(&count)), "{destinations:?}");
         // two accounts: always 0 → 1
-        let (sources, destinations) = sides(&Draw::new(2, Skew::HotDebit, 500), 2, 100);
+        let (sources, destinations) = sides(&Draw::new(2, Skew::HotDebit, Cents::new(500)), 2, 100);
         assert_eq!((sources, destinations), (vec![100, 0], vec![0, 100]));
     }
 
     #[test]
     fn two_accounts_always_differ() {
-        let draw = Draw::new(2, Skew::Zipf(3.0), 1);
+        let draw = Draw::new(2, Skew::Zipf(3.0), Cents::new(1));
         let mut rng = StdRng::seed_from_u64(1);
         for _ in 0..1_000 {
             let pick = draw.next(&mut rng);
             assert_ne!(pick.source, pick.destination);
-            assert_eq!(pick.amount_cents, 1);
+            assert_eq!(pick.amount_cents, Cents::new(1));
         }
     }
 }

@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use contracts::Cents;
 use futures::StreamExt;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -61,11 +62,11 @@ pub enum LoadgenError {
 
 /// Opening balance of account `index`: `hot-debit`'s hot account gets `accounts` times the
 /// others' (as much as all of them together), since every transfer of the run draws on it alone.
-fn opening_balance(args: &LoadgenArgs, index: u32) -> Result<i64, LoadgenError> {
+fn opening_balance(args: &LoadgenArgs, index: u32) -> Result<Cents, LoadgenError> {
     if args.skew.hot_debit_account() != Some(index) {
         return Ok(args.opening_balance_cents);
     }
-    args.opening_balance_cents.checked_mul(i64::from(args.accounts)).ok_or_else(|| {
+    args.opening_balance_cents.get().checked_mul(i64::from(args.accounts)).map(Cents::new).ok_or_else(|| {
         LoadgenError::Arguments(format!(
             "--skew hot-debit opens its hot account with --opening-balance-cents × --accounts, and {} × {} overflows: lower one of them",
             args.opening_balance_cents, args.accounts
@@ -175,7 +176,7 @@ pub async fn run(args: LoadgenArgs, stop: CancellationToken) -> Result<Report, L
         args.admin_token.clone(),
         args.concurrency as usize,
     )?);
-    let balances: Vec<i64> =
+    let balances: Vec<Cents> =
         (0..args.accounts).map(|n| opening_balance(&args, n)).collect::<Result<_, _>>()?;
     api.ready().await?;
 
@@ -534,13 +535,13 @@ mod tests {
             .args
         };
         let hot = args("hot-debit", "100");
-        assert_eq!(opening_balance(&hot, 0).expect("hot"), 100_000);
-        assert_eq!(opening_balance(&hot, 1).expect("cold"), 100);
+        assert_eq!(opening_balance(&hot, 0).expect("hot").get(), 100_000);
+        assert_eq!(opening_balance(&hot, 1).expect("cold").get(), 100);
         let credit = args("hot-credit", "100");
-        assert_eq!(opening_balance(&credit, 0).expect("credited"), 100);
+        assert_eq!(opening_balance(&credit, 0).expect("credited").get(), 100);
         let huge = args("hot-debit", &(i64::MAX / 10).to_string());
         assert!(matches!(opening_balance(&huge, 0), Err(LoadgenError::Arguments(_))));
-        assert_eq!(opening_balance(&huge, 1).expect("cold"), i64::MAX / 10);
+        assert_eq!(opening_balance(&huge, 1).expect("cold").get(), i64::MAX / 10);
     }
 
     #[test]

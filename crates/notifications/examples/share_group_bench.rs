@@ -9,16 +9,14 @@
 
 use std::time::{Duration, Instant};
 
-use kafka::producer::{OutgoingRecord, Producer};
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
-use contracts::topics;
 use notifications::Consumption;
 use testkit::webhook::{Receiver, Reply};
 use testkit::TestTopics;
+
+mod common;
 
 /// How the receiver answers.
 #[derive(Debug, Clone, Copy)]
@@ -34,52 +32,20 @@ async fn run(events: usize, load: Load, consumption: Consumption) {
     let topic_set = TestTopics::plan(partitions).await;
     let (receiver, url) = Receiver::start().await;
     receiver.answer_by_default(Reply::After(load.call, 200));
-    let producer =
-        Producer::new(&kafka::config::producer_config(&topic_set.args, "bench", Duration::from_millis(5)))
-            .expect("producer");
-    let topic = topic_set.topic(topics::SETTLED);
-    let mut sends = Vec::with_capacity(events);
-    for n in 0..events {
-        let event = Uuid::new_v4();
-        match load.slow {
-            Some((every, slow)) if n % every == 0 => receiver.script(event, &[Reply::After(slow, 200)]),
-            _ => {}
-        }
-        let payload = json!({"eventoId": event, "transferenciaId": Uuid::new_v4(), "liquidadaEm": "2026-12-04T10:00:00Z"});
-        let record = OutgoingRecord::new(&topic, format!("CC-{:05}", n % 1000), payload.to_string());
-        let producer = producer.clone();
-        sends.push(tokio::spawn(async move { producer.send(&record).await.expect("publish") }));
-    }
-    for send in sends {
-        send.await.expect("send task");
-    }
+    let payloads: Vec<_> = (0..events)
+        .map(|n| {
+            let event = Uuid::new_v4();
+            match load.slow {
+                Some((every, slow)) if n % every == 0 => receiver.script(event, &[Reply::After(slow, 200)]),
+                _ => {}
+            }
+            json!({"eventoId": event, "transferenciaId": Uuid::new_v4(), "liquidadaEm": "2026-12-04T10:00:00Z"})
+        })
+        .collect();
+    common::publish_settled(&topic_set, payloads).await;
 
-    let settings = notifications::Settings {
-        args: notifications::NotificationsArgs {
-            listen: "127.0.0.1:0".parse().expect("address"),
-            webhook_url: Some(url.parse().expect("url")),
-            webhook_secret: Some("bench-secret".into()),
-            webhook_unsigned: false,
-            webhook_timeout_ms: 5_000,
-            concurrency: 64,
-            consumption,
-        },
-        // no admin token: /readyz answers its status line only
-        auth: telemetry::health::HealthAuthArgs::default(),
-        kafka: topic_set.args.clone(),
-        topics: kafka::TopicArgs { partitions, replicas: 1 },
-        profile: kafka::Profile::Fast,
-        metrics: telemetry::health::MetricsRoute::ServicePort,
-    };
-    let shutdown = CancellationToken::new();
-    let tracker = TaskTracker::new();
     let started = Instant::now();
-    notifications::start(
-        settings,
-        &telemetry::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
-    )
-    .await
-    .expect("start");
+    let running = common::start(&topic_set, &url, partitions, consumption).await;
     let done = loop {
         let calls = receiver.calls();
         let mut keys: Vec<&str> = calls.iter().filter_map(|call| call.idempotency_key.as_deref()).collect();
@@ -105,9 +71,7 @@ async fn run(events: usize, load: Load, consumption: Consumption) {
             "notifications_per_s": (events as f64 / busy).round(),
         })
     );
-    shutdown.cancel();
-    tracker.close();
-    tracker.wait().await;
+    running.stop().await;
 }
 
 #[tokio::main]

@@ -142,6 +142,36 @@ pub struct Settings {
     pub metrics: telemetry::health::MetricsRoute,
 }
 
+impl Settings {
+    /// The settings of a test or a benchmark: an ephemeral health port, webhook `url` signed
+    /// with `secret` (5 s time-out, 16 at once, retry topics), `partitions` partitions on one
+    /// replica, the fast profile, no admin token (`/readyz` answers its status line only),
+    /// `/metrics` on the health port. Every field is public: a case changes what it is about.
+    pub fn for_tests(
+        kafka: KafkaArgs,
+        url: reqwest::Url,
+        secret: impl Into<String>,
+        partitions: i32,
+    ) -> Self {
+        Self {
+            args: NotificationsArgs {
+                listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+                webhook_url: Some(url),
+                webhook_secret: Some(secret.into()),
+                webhook_unsigned: false,
+                webhook_timeout_ms: 5_000,
+                concurrency: 16,
+                consumption: Consumption::RetryTopics,
+            },
+            auth: telemetry::health::HealthAuthArgs::default(),
+            kafka,
+            topics: TopicArgs { partitions, replicas: 1 },
+            profile: Profile::Fast,
+            metrics: telemetry::health::MetricsRoute::ServicePort,
+        }
+    }
+}
+
 /// The contract's chain: 1 s, 2 s, 4 s.
 pub fn chain() -> Chain {
     Chain { delays_ms: topics::RETRY_DELAYS_MS.to_vec() }

@@ -36,23 +36,9 @@ impl Running {
         testkit::init_logs();
         let topics = TestTopics::plan(3).await;
         let (receiver, url) = Receiver::start().await;
-        let settings = notifications::Settings {
-            args: notifications::NotificationsArgs {
-                listen: "127.0.0.1:0".parse().expect("address"),
-                webhook_url: Some(url.parse().expect("url")),
-                webhook_secret: Some(SECRET.into()),
-                webhook_unsigned: false,
-                webhook_timeout_ms: timeout_ms,
-                concurrency: 16,
-                consumption: notifications::Consumption::RetryTopics,
-            },
-            // no admin token: /readyz answers its status line only (its detail is not under test here)
-            auth: telemetry::health::HealthAuthArgs::default(),
-            kafka: topics.args.clone(),
-            topics: kafka::TopicArgs { partitions: 3, replicas: 1 },
-            profile: kafka::Profile::Fast,
-            metrics: telemetry::health::MetricsRoute::ServicePort,
-        };
+        let mut settings =
+            notifications::Settings::for_tests(topics.args.clone(), url.parse().expect("url"), SECRET, 3);
+        settings.args.webhook_timeout_ms = timeout_ms;
         let shutdown = CancellationToken::new();
         let tracker = TaskTracker::new();
         let health = notifications::start(
@@ -401,6 +387,36 @@ async fn a_client_error_is_dead_lettered_after_one_call_and_garbage_after_none()
         .filter(|call| call.idempotency_key.as_deref() != Some(marker.to_string().as_str()))
         .collect();
     assert_eq!(others.len(), 1, "calls other than the marker's: {others:?}");
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_with_malformed_optional_details_is_delivered_as_it_travelled() {
+    let running = Running::start(2_000).await;
+    // another producer's bug in the extras the contract lets readers ignore (§3)
+    let (settled, rejected) = (Uuid::new_v4(), Uuid::new_v4());
+    let details =
+        json!({"contaOrigem": "CC 001", "contaDestino": "CC-002", "valorEmCentavos": 100, "moeda": "XYZ"});
+    let with_details = |mut event: Value| {
+        event.as_object_mut().expect("object").extend(details.as_object().expect("object").clone());
+        event.to_string()
+    };
+    let settled_payload = with_details(
+        json!({"eventoId": settled, "transferenciaId": Uuid::new_v4(), "liquidadaEm": "2026-12-04T10:00:00Z"}),
+    );
+    let rejected_payload = with_details(json!({"eventoId": rejected, "transferenciaId": Uuid::new_v4(),
+        "motivo": "SALDO_INSUFICIENTE", "rejeitadaEm": "2026-12-04T10:00:00Z"}));
+    running.publish(topics::SETTLED, "CC-005", settled_payload.clone().into_bytes()).await;
+    running.publish(topics::REJECTED, "CC-005", rejected_payload.clone().into_bytes()).await;
+
+    for (event, payload, event_type) in [
+        (settled, &settled_payload, "TransferenciaLiquidada"),
+        (rejected, &rejected_payload, "TransferenciaRejeitada"),
+    ] {
+        let calls = running.wait_calls(event, 1, Duration::from_secs(20)).await;
+        assert_eq!(calls[0].event_type.as_deref(), Some(event_type));
+        assert_eq!(calls[0].body, payload.as_bytes());
+    }
     running.stop().await;
 }
 

@@ -54,22 +54,11 @@ impl Service {
         timeout_ms: u64,
         consumption: notifications::Consumption,
     ) -> Self {
-        let settings = notifications::Settings {
-            args: notifications::NotificationsArgs {
-                listen: "127.0.0.1:0".parse().expect("address"),
-                webhook_url: Some(url.parse().expect("url")),
-                webhook_secret: Some(SECRET.into()),
-                webhook_unsigned: false,
-                webhook_timeout_ms: timeout_ms,
-                concurrency: members,
-                consumption,
-            },
-            auth: telemetry::health::HealthAuthArgs::default(),
-            kafka: args.clone(),
-            topics: kafka::TopicArgs { partitions, replicas: 1 },
-            profile: kafka::Profile::Fast,
-            metrics: telemetry::health::MetricsRoute::ServicePort,
-        };
+        let mut settings =
+            notifications::Settings::for_tests(args.clone(), url.parse().expect("url"), SECRET, partitions);
+        settings.args.webhook_timeout_ms = timeout_ms;
+        settings.args.concurrency = members;
+        settings.args.consumption = consumption;
         let shutdown = CancellationToken::new();
         let tracker = TaskTracker::new();
         let health = notifications::start(

@@ -24,22 +24,10 @@ async fn as_its_own_user_over_sasl_ssl_the_share_group_delivers_and_dead_letters
     let (receiver, url) = Receiver::start().await;
     let mut args = secure::args("notificacoes");
     args.topic_prefix = topics.args.topic_prefix.clone();
-    let settings = notifications::Settings {
-        args: notifications::NotificationsArgs {
-            listen: "127.0.0.1:0".parse().expect("address"),
-            webhook_url: Some(url.parse().expect("url")),
-            webhook_secret: Some("s3cr3t".into()),
-            webhook_unsigned: false,
-            webhook_timeout_ms: 2_000,
-            concurrency: 2,
-            consumption: notifications::Consumption::ShareGroup,
-        },
-        auth: telemetry::health::HealthAuthArgs::default(),
-        kafka: args,
-        topics: kafka::TopicArgs { partitions: 1, replicas: 1 },
-        profile: kafka::Profile::Fast,
-        metrics: telemetry::health::MetricsRoute::ServicePort,
-    };
+    let mut settings = notifications::Settings::for_tests(args, url.parse().expect("url"), "s3cr3t", 1);
+    settings.args.webhook_timeout_ms = 2_000;
+    settings.args.concurrency = 2;
+    settings.args.consumption = notifications::Consumption::ShareGroup;
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
     notifications::start(

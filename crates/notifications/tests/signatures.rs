@@ -41,23 +41,9 @@ async fn deliveries_verify_with_the_standard_webhooks_reference_library() {
     let (receiver, url) = Receiver::start().await;
     let key: Vec<u8> = Uuid::new_v4().as_bytes().iter().chain(Uuid::new_v4().as_bytes()).copied().collect();
     let secret = format!("whsec_{}", base64::engine::general_purpose::STANDARD.encode(key));
-    let settings = notifications::Settings {
-        args: notifications::NotificationsArgs {
-            listen: "127.0.0.1:0".parse().expect("address"),
-            webhook_url: Some(url.parse().expect("url")),
-            webhook_secret: Some(secret.clone()),
-            webhook_unsigned: false,
-            webhook_timeout_ms: 5_000,
-            concurrency: 4,
-            consumption: notifications::Consumption::RetryTopics,
-        },
-        // no admin token: /readyz answers its status line only (its detail is not under test here)
-        auth: telemetry::health::HealthAuthArgs::default(),
-        kafka: topics.args.clone(),
-        topics: kafka::TopicArgs { partitions: 1, replicas: 1 },
-        profile: kafka::Profile::Fast,
-        metrics: telemetry::health::MetricsRoute::ServicePort,
-    };
+    let mut settings =
+        notifications::Settings::for_tests(topics.args.clone(), url.parse().expect("url"), secret.clone(), 1);
+    settings.args.concurrency = 4;
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
     notifications::start(

@@ -102,7 +102,7 @@ const POST_PATIENCE: Duration = Duration::from_secs(240);
 /// From the end of the traffic, how long the pipeline has to make every transfer final.
 const DRAIN: Duration = Duration::from_secs(240);
 /// antifraude's default limit: transfers of this amount or more are blocked.
-const BLOCKED_CENTS: i64 = antifraud::scoring::DEFAULT_BLOCK_THRESHOLD_CENTS;
+const BLOCKED_CENTS: i64 = antifraud::scoring::DEFAULT_BLOCK_THRESHOLD_CENTS.get();
 
 /// One fault of the schedule.
 #[derive(Debug, Clone, Copy, PartialEq)]

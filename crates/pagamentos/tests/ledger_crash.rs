@@ -89,14 +89,7 @@ async fn sigkill_mid_stream_twice_settles_every_transfer_exactly_once() {
     let database = TestDatabase::create(&ledger::MIGRATOR).await;
     let topics = TestTopics::plan(3).await;
     for n in 0..ACCOUNTS {
-        ledger::store::create_account(
-            &database.pool,
-            &account(n),
-            &contracts::Currency::parse("BRL").expect("currency"),
-            contracts::Cents::new(10_000_000),
-        )
-        .await
-        .expect("account");
+        ledger::testing::open_account(&database.pool, &account(n), "BRL", 10_000_000).await;
     }
     let ids: Vec<Uuid> = (0..TRANSFERS).map(|_| Uuid::new_v4()).collect();
     let mut service = ledger(&topics, &database);

@@ -6,8 +6,8 @@ use std::process::Output;
 
 use uuid::Uuid;
 
-use ledger::settlement::Transfer;
-use ledger::store::{self, OutcomeTopics, Request};
+use ledger::store::OutcomeTopics;
+use ledger::testing;
 use testkit::TestDatabase;
 
 struct Books {
@@ -22,22 +22,8 @@ async fn books() -> (Books, Uuid) {
         ledger: TestDatabase::create(&ledger::MIGRATOR).await,
         transfers: TestDatabase::create(&transfers::MIGRATOR).await,
     };
-    store::create_account(
-        &books.ledger.pool,
-        "A",
-        &contracts::Currency::parse("BRL").expect("currency"),
-        contracts::Cents::new(1_000),
-    )
-    .await
-    .expect("account");
-    store::create_account(
-        &books.ledger.pool,
-        "B",
-        &contracts::Currency::parse("BRL").expect("currency"),
-        contracts::Cents::new(0),
-    )
-    .await
-    .expect("account");
+    testing::open_account(&books.ledger.pool, "A", "BRL", 1_000).await;
+    testing::open_account(&books.ledger.pool, "B", "BRL", 0).await;
     let (settled, rejected) = (Uuid::new_v4(), Uuid::new_v4());
     books.settle(&[(settled, 300), (rejected, 5_000)]).await;
     books.transfer(settled, "LIQUIDADA").await;
@@ -49,22 +35,14 @@ async fn books() -> (Books, Uuid) {
 
 impl Books {
     async fn settle(&self, transfers: &[(Uuid, i64)]) {
-        let requests: Vec<Request> = transfers
+        let transfers: Vec<_> = transfers
             .iter()
-            .map(|(transfer_id, amount_cents)| Request {
-                transfer: Transfer {
-                    transfer_id: *transfer_id,
-                    source: "A".into(),
-                    destination: "B".into(),
-                    amount_cents: contracts::Cents::new(*amount_cents),
-                    currency: "BRL".into(),
-                },
-                traceparent: None,
-                tracestate: None,
+            .map(|(transfer_id, amount_cents)| {
+                testing::transfer(*transfer_id, "A", "B", *amount_cents, "BRL")
             })
             .collect();
         let topics = OutcomeTopics { settled: "liquidada".into(), rejected: "rejeitada".into() };
-        store::settle(&self.ledger.pool, &requests, &topics).await.expect("settle");
+        testing::settle(&self.ledger.pool, &transfers, &topics).await;
     }
 
     async fn transfer(&self, id: Uuid, status: &str) {

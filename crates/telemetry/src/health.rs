@@ -77,20 +77,24 @@ impl ReadinessDetail {
     }
 }
 
-/// Who may read `/readyz`'s detail on a service without an API of its own (antifraude,
-/// notificacoes): the same two settings as the APIs' (`web::AuthArgs`), so one environment
-/// serves every process. Without either, `/readyz` answers its status line only.
+/// The admin token and the no-authentication switch, defined once for every service: alone on
+/// a service without an API of its own (antifraude, notificacoes), where they decide who may
+/// read `/readyz`'s detail; flattened into `web::AuthArgs` beside the API token on a service
+/// with one. One environment serves every process. Without either, `/readyz` answers its status
+/// line only.
 #[derive(Clone, Default, clap::Args)]
 pub struct HealthAuthArgs {
-    /// The admin bearer token of the APIs: a caller that sends it reads `/readyz`'s detail
-    /// (failing checks and why, stopped tasks, warnings). Unset: `/readyz` answers `ready` or
-    /// `not ready` only, to every caller.
+    /// The admin bearer token. A caller that sends it reads `/readyz`'s detail (failing checks
+    /// and why, stopped tasks, warnings); on a service without an API, unset means `/readyz`
+    /// answers `ready` or `not ready` only. On a service with an API it is also the only token
+    /// of the admin routes (opening accounts, deposits), accepted wherever the API token is,
+    /// must differ from it, and is required unless `--insecure-no-auth`.
     #[arg(long, env = "PAGAMENTOS_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
 
-    /// Show `/readyz`'s detail to every caller, without a token. For local experiments only;
-    /// logged as a warning at start and reported on `/readyz`. Refused together with
-    /// `--admin-token`.
+    /// Serve without authentication: every caller reads `/readyz`'s detail, and an API treats
+    /// every caller as an admin. For local experiments only; logged as a warning at start and
+    /// reported on `/readyz`. Refused together with a token.
     #[arg(
         long,
         env = "PAGAMENTOS_INSECURE_NO_AUTH",

@@ -244,8 +244,13 @@ impl Drop for TestTopics {
     }
 }
 
-/// A `TransferenciaSolicitada` payload for `transfer_id` from account `source`.
-pub fn transfer_requested(transfer_id: uuid::Uuid, source: &str, amount_cents: i64) -> serde_json::Value {
+/// A `TransferenciaSolicitada` payload for `transfer_id` from account `source` (any amount: a
+/// test of poison records sends one ≤ 0).
+pub fn transfer_requested(
+    transfer_id: uuid::Uuid,
+    source: &str,
+    amount_cents: contracts::Cents,
+) -> serde_json::Value {
     serde_json::json!({
         "eventoId": uuid::Uuid::new_v4(), "transferenciaId": transfer_id, "contaOrigem": source,
         "contaDestino": "CC-999", "valorEmCentavos": amount_cents, "moeda": "BRL",
@@ -266,7 +271,7 @@ pub fn feed_requests(
     tokio::spawn(async move {
         for (n, id) in ids.iter().enumerate() {
             let key = format!("CC-{:03}", n % 100);
-            let event = transfer_requested(*id, &key, 100 + n as i64);
+            let event = transfer_requested(*id, &key, contracts::Cents::new(100 + n as i64));
             // a send during a broker outage waits for the broker (delivery timeout 120 s)
             let record = kafka::producer::OutgoingRecord::new(&input, key, event.to_string());
             producer.send(&record).await.expect("feed");

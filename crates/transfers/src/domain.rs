@@ -1,20 +1,20 @@
 //! A transfer request and its validation (`CONTRACT.md` §2): every rule is checked and every
 //! broken one reported, so a client fixes its request in one round trip.
 
-use contracts::Cents;
+use contracts::{AccountId, Cents, Currency};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-pub use contracts::domain::{is_active_currency, validate_account_id, validate_account_syntax};
+pub use contracts::domain::validate_account_syntax;
 pub use web::FieldError;
 
 /// A request that passed every rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TransferRequest {
-    pub source_account: String,
-    pub destination_account: String,
+    pub source_account: AccountId,
+    pub destination_account: AccountId,
     pub amount_cents: Cents,
-    pub currency: String,
+    pub currency: Currency,
 }
 
 impl TransferRequest {
@@ -59,24 +59,9 @@ impl TransferRequest {
                 None
             }
         };
-        let currency = match object.get("moeda") {
-            None | Some(Value::Null) => {
-                errors.push(FieldError::new("moeda", "is required"));
-                None
-            }
-            Some(Value::String(code)) if is_active_currency(code) => Some(code.clone()),
-            Some(Value::String(code)) => {
-                errors.push(FieldError::new(
-                    "moeda",
-                    format!("{code:?} is not an active ISO 4217 currency code"),
-                ));
-                None
-            }
-            Some(_) => {
-                errors.push(FieldError::new("moeda", "must be a string"));
-                None
-            }
-        };
+        let currency = web::required_text(object, "moeda", &mut errors, |code| {
+            Currency::parse(code).map_err(|invalid| invalid.to_string())
+        });
         match (source, destination, amount, currency) {
             (Some(source_account), Some(destination_account), Some(amount_cents), Some(currency))
                 if errors.is_empty() =>
@@ -91,9 +76,12 @@ impl TransferRequest {
     /// hex: what an Idempotency-Key is bound to.
     pub fn fingerprint(&self) -> String {
         let mut hasher = Sha256::new();
-        for part in
-            [&self.source_account, &self.destination_account, &self.amount_cents.to_string(), &self.currency]
-        {
+        for part in [
+            self.source_account.as_str(),
+            self.destination_account.as_str(),
+            &self.amount_cents.to_string(),
+            self.currency.as_str(),
+        ] {
             hasher.update(part.as_bytes());
             hasher.update([0]);
         }
@@ -101,16 +89,12 @@ impl TransferRequest {
     }
 }
 
-fn account(object: &Map<String, Value>, field: &'static str, errors: &mut Vec<FieldError>) -> Option<String> {
-    match object.get(field) {
-        None | Some(Value::Null) => errors.push(FieldError::new(field, "is required")),
-        Some(Value::String(id)) => match validate_account_id(id) {
-            Ok(()) => return Some(id.clone()),
-            Err(message) => errors.push(FieldError::new(field, message)),
-        },
-        Some(_) => errors.push(FieldError::new(field, "must be a string")),
-    }
-    None
+fn account(
+    object: &Map<String, Value>,
+    field: &'static str,
+    errors: &mut Vec<FieldError>,
+) -> Option<AccountId> {
+    web::required_text(object, field, errors, |id| AccountId::customer(id).map_err(|invalid| invalid.message))
 }
 
 /// `status` of a transfer: the domain type (an unknown spelling is an error, never `PENDENTE`).

@@ -99,7 +99,7 @@ pub async fn republish(pool: &PgPool, transfer: &Transfer, topic: &str) -> Resul
         &outbox::NewEvent {
             id: event.event_id,
             topic,
-            key: &transfer.source_account,
+            key: transfer.source_account.as_str(),
             event_type: EventType::TransferRequested.as_str(),
             payload: &payload,
             traceparent: None,

@@ -7,7 +7,7 @@ use sqlx::{PgPool, Postgres, Transaction};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use contracts::{Cents, EventType, Timestamp, TransferRequested, TransferStatus};
+use contracts::{AccountId, Cents, Currency, EventType, Timestamp, TransferRequested, TransferStatus};
 
 use crate::domain::{Status, TransferRequest};
 
@@ -20,14 +20,14 @@ use crate::error::{Refusal, StoreError};
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct Transfer {
     pub id: Uuid,
-    #[sqlx(rename = "conta_origem")]
-    pub source_account: String,
-    #[sqlx(rename = "conta_destino")]
-    pub destination_account: String,
+    #[sqlx(rename = "conta_origem", try_from = "String")]
+    pub source_account: AccountId,
+    #[sqlx(rename = "conta_destino", try_from = "String")]
+    pub destination_account: AccountId,
     #[sqlx(rename = "valor_centavos", try_from = "i64")]
     pub amount_cents: Cents,
-    #[sqlx(rename = "moeda")]
-    pub currency: String,
+    #[sqlx(rename = "moeda", try_from = "String")]
+    pub currency: Currency,
     /// An unknown spelling in the row fails the read (`sqlx::Error::ColumnDecode`).
     #[sqlx(try_from = "StatusColumn")]
     pub status: TransferStatus,
@@ -258,10 +258,10 @@ async fn insert_transfer(
     };
     let mut query = sqlx::query_as(&sql)
         .bind(id)
-        .bind(&request.source_account)
-        .bind(&request.destination_account)
+        .bind(request.source_account.as_str())
+        .bind(request.destination_account.as_str())
         .bind(request.amount_cents.get())
-        .bind(&request.currency)
+        .bind(request.currency.as_str())
         .bind(Status::Pending.as_str())
         .bind(created_at.as_offset_date_time());
     if let Some(key) = key {
@@ -284,7 +284,7 @@ async fn insert_transfer(
         &outbox::NewEvent {
             id: event.event_id,
             topic: &target.topic,
-            key: &request.source_account,
+            key: request.source_account.as_str(),
             event_type: EventType::TransferRequested.as_str(),
             payload: &payload,
             traceparent: target.traceparent.as_deref(),

@@ -8,6 +8,8 @@ use futures::Stream;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use contracts::Cents;
+
 /// The ids of every transfer `LIQUIDADA` here, in id order.
 pub fn settled_ids(pool: &PgPool) -> impl Stream<Item = Result<Uuid, sqlx::Error>> + '_ {
     sqlx::query_scalar::<_, Uuid>("SELECT id FROM transferencia WHERE status = 'LIQUIDADA' ORDER BY id")
@@ -43,7 +45,10 @@ pub async fn pending_older_than(
     Ok((total, listed))
 }
 
-/// A transfer as `transferencia` has it.
+/// A transfer as `transferencia` has it. Accounts, currency, status and reason stay the
+/// database's raw text: `verify` compares them with the ledger's and reports a corrupted value
+/// as a difference, where parsing them would refuse the row and stop the whole check. The
+/// amount is [`Cents`]: any `BIGINT` is one.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct TransferRow {
     pub id: Uuid,
@@ -51,8 +56,8 @@ pub struct TransferRow {
     pub source_account: String,
     #[sqlx(rename = "conta_destino")]
     pub destination_account: String,
-    #[sqlx(rename = "valor_centavos")]
-    pub amount_cents: i64,
+    #[sqlx(rename = "valor_centavos", try_from = "i64")]
+    pub amount_cents: Cents,
     #[sqlx(rename = "moeda")]
     pub currency: String,
     pub status: String,

@@ -100,3 +100,20 @@ async fn unknown_transfers_are_skipped_and_poison_goes_to_the_dead_letter_topic(
     assert_eq!(kafka::rdkafka::message::Message::payload(&letters[0]), Some(b"{not json".as_slice()));
     app.stop().await;
 }
+
+#[tokio::test]
+async fn an_outcome_with_malformed_optional_details_still_sets_the_status() {
+    let app = spawn_app().await;
+    let settled_id = pending_transfer(&app).await;
+    let rejected_id = pending_transfer(&app).await;
+    // another producer's bug in the extras the contract lets readers ignore (§3)
+    let settled = json!({"eventoId": Uuid::new_v4(), "transferenciaId": settled_id, "liquidadaEm": "2026-12-03T10:00:00Z",
+        "contaOrigem": "CC 001", "contaDestino": "CC-002", "valorEmCentavos": 100, "moeda": "XYZ"});
+    let rejected = json!({"eventoId": Uuid::new_v4(), "transferenciaId": rejected_id, "motivo": "SALDO_INSUFICIENTE",
+        "rejeitadaEm": "2026-12-03T10:00:00Z", "contaOrigem": "CC 001", "contaDestino": "CC-002", "moeda": "XYZ"});
+    publish(&app, topics::SETTLED, settled.to_string().into_bytes()).await;
+    publish(&app, topics::REJECTED, rejected.to_string().into_bytes()).await;
+    assert_eq!(eventually_status(&app, &settled_id, "LIQUIDADA").await, Value::Null);
+    assert_eq!(eventually_status(&app, &rejected_id, "REJEITADA").await, "SALDO_INSUFICIENTE");
+    app.stop().await;
+}

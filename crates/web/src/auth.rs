@@ -13,6 +13,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
+use telemetry::health::HealthAuthArgs;
 
 use crate::problem::ApiError;
 
@@ -37,40 +38,24 @@ impl Caller {
 }
 
 /// The authentication options of a service with an API (`CONTRACT.md` §1), flattened once into
-/// each command that serves one.
+/// each command that serves one: the API token, and the admin token and no-auth switch every
+/// service shares (`telemetry::health::HealthAuthArgs`, defined there once).
 #[derive(Clone, Default, clap::Args)]
 pub struct AuthArgs {
     /// Bearer token of the API's clients (required unless `--insecure-no-auth`).
     #[arg(long, env = "PAGAMENTOS_API_TOKEN", hide_env_values = true)]
     pub api_token: Option<String>,
 
-    /// Bearer token of the admin routes (opening accounts, deposits), also accepted wherever the
-    /// API token is, and the only one that reads `/readyz`'s detail (why not ready, warnings);
-    /// must differ from the API token (required unless `--insecure-no-auth`).
-    #[arg(long, env = "PAGAMENTOS_ADMIN_TOKEN", hide_env_values = true)]
-    pub admin_token: Option<String>,
-
-    /// Serve the APIs without authentication: every caller is an admin, and reads `/readyz`'s
-    /// detail. For local experiments only; logged as a warning at start and reported on
-    /// `/readyz`.
-    #[arg(
-        long,
-        env = "PAGAMENTOS_INSECURE_NO_AUTH",
-        default_value_t = false,
-        action = clap::ArgAction::Set,
-        num_args = 0..=1,
-        default_missing_value = "true",
-        value_name = "BOOL"
-    )]
-    pub insecure_no_auth: bool,
+    /// `--admin-token` and `--insecure-no-auth`.
+    #[command(flatten)]
+    pub admin: HealthAuthArgs,
 }
 
 impl std::fmt::Debug for AuthArgs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AuthArgs")
             .field("api_token", &self.api_token.as_ref().map(|_| "***"))
-            .field("admin_token", &self.admin_token.as_ref().map(|_| "***"))
-            .field("insecure_no_auth", &self.insecure_no_auth)
+            .field("admin", &self.admin)
             .finish()
     }
 }
@@ -95,29 +80,29 @@ pub const INSECURE_WARNING: &str = "authentication disabled (--insecure-no-auth)
 impl AuthArgs {
     /// No authentication, said explicitly (tests, local experiments).
     pub fn insecure() -> Self {
-        Self { insecure_no_auth: true, ..Self::default() }
+        Self { api_token: None, admin: HealthAuthArgs { admin_token: None, insecure_no_auth: true } }
     }
 
     /// The same admin token and mode for a service without an API (antifraude and notificacoes
     /// in `pagamentos all`): who may read its `/readyz` detail.
-    pub fn health(&self) -> telemetry::health::HealthAuthArgs {
-        telemetry::health::HealthAuthArgs {
-            admin_token: self.admin_token.clone(),
-            insecure_no_auth: self.insecure_no_auth,
-        }
+    pub fn health(&self) -> HealthAuthArgs {
+        self.admin.clone()
     }
 
     /// Both tokens.
     pub fn tokens(api: impl Into<String>, admin: impl Into<String>) -> Self {
-        Self { api_token: Some(api.into()), admin_token: Some(admin.into()), insecure_no_auth: false }
+        Self {
+            api_token: Some(api.into()),
+            admin: HealthAuthArgs { admin_token: Some(admin.into()), insecure_no_auth: false },
+        }
     }
 
     /// The tokens a service accepts, or why it must not start. `--insecure-no-auth` is logged as
     /// a warning here, naming `service`.
     pub fn resolve(&self, service: &str) -> Result<Tokens, AuthConfigError> {
         let api = self.api_token.clone().filter(|token| !token.is_empty());
-        let admin = self.admin_token.clone().filter(|token| !token.is_empty());
-        if self.insecure_no_auth {
+        let admin = self.admin.admin_token.clone().filter(|token| !token.is_empty());
+        if self.admin.insecure_no_auth {
             if api.is_some() || admin.is_some() {
                 return Err(AuthConfigError::InsecureWithTokens);
             }
@@ -214,8 +199,7 @@ mod tests {
     fn args(api: Option<&str>, admin: Option<&str>, insecure: bool) -> AuthArgs {
         AuthArgs {
             api_token: api.map(str::to_owned),
-            admin_token: admin.map(str::to_owned),
-            insecure_no_auth: insecure,
+            admin: HealthAuthArgs { admin_token: admin.map(str::to_owned), insecure_no_auth: insecure },
         }
     }
 
@@ -239,6 +223,30 @@ mod tests {
         assert_eq!(
             args(Some("api"), None, true).resolve("test").err(),
             Some(AuthConfigError::InsecureWithTokens)
+        );
+    }
+
+    #[test]
+    fn the_api_services_and_the_others_read_the_same_admin_settings() {
+        use clap::Parser;
+        #[derive(Debug, Parser)]
+        struct Api {
+            #[command(flatten)]
+            auth: AuthArgs,
+        }
+        #[derive(Debug, Parser)]
+        struct Health {
+            #[command(flatten)]
+            auth: HealthAuthArgs,
+        }
+        let argv = ["svc", "--admin-token", "adm", "--insecure-no-auth=false"];
+        let api = Api::try_parse_from(argv).expect("api service");
+        let health = Health::try_parse_from(argv).expect("service without an API");
+        assert_eq!(api.auth.health().admin_token.as_deref(), Some("adm"));
+        assert_eq!(health.auth.admin_token.as_deref(), Some("adm"));
+        assert!(
+            Health::try_parse_from(["svc", "--api-token", "api"]).is_err(),
+            "no API token without an API"
         );
     }
 

@@ -26,7 +26,7 @@ use tracing::Instrument;
 
 pub use auth::{AuthArgs, AuthConfigError, Caller, Tokens};
 pub use body::JsonBody;
-pub use problem::{ApiError, FieldError, Problem};
+pub use problem::{required_text, ApiError, FieldError, Problem};
 
 /// Middleware: `http_server_request_duration_seconds{method, route, status}` for every request,
 /// and a span `http.request` that continues the caller's W3C `traceparent` when it sends one,

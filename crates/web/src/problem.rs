@@ -19,6 +19,26 @@ impl FieldError {
     }
 }
 
+/// The required string `field` of a JSON body, read by `parse` (a domain type's rule): `None`,
+/// with the broken rule added to `errors`, when it is missing, not a string, or refused.
+pub fn required_text<T>(
+    object: &serde_json::Map<String, serde_json::Value>,
+    field: &'static str,
+    errors: &mut Vec<FieldError>,
+    parse: impl FnOnce(&str) -> Result<T, String>,
+) -> Option<T> {
+    let message = match object.get(field) {
+        None | Some(serde_json::Value::Null) => "is required".to_owned(),
+        Some(serde_json::Value::String(text)) => match parse(text) {
+            Ok(value) => return Some(value),
+            Err(message) => message,
+        },
+        Some(_) => "must be a string".to_owned(),
+    };
+    errors.push(FieldError::new(field, message));
+    None
+}
+
 /// A specific problem: its `type` URI (relative) and `title`, e.g. `/problems/account-exists`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Kind {

@@ -19,7 +19,6 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use contracts::domain::{validate_account_syntax, ISSUER_PREFIX};
 use contracts::{Cents, Currency, EntryKind, Timestamp};
 use web::problem::Kind;
 use web::{ApiError, Caller, FieldError, JsonBody, Problem};
@@ -77,9 +76,10 @@ fn internal(error: impl Into<StoreError>) -> ApiError {
 #[schema(as = Account)]
 pub struct AccountView {
     #[schema(value_type = AccountId)]
-    pub id: String,
+    pub id: contracts::AccountId,
     #[serde(rename = "moeda")]
-    pub currency: String,
+    #[schema(value_type = String)]
+    pub currency: Currency,
     /// Negative only for an issuer account.
     #[serde(rename = "saldoCentavos")]
     #[schema(value_type = i64)]
@@ -101,7 +101,7 @@ pub struct DepositView {
     pub deposit_id: Uuid,
     #[schema(value_type = AccountId)]
     #[serde(rename = "contaId")]
-    pub account_id: String,
+    pub account_id: contracts::AccountId,
     #[serde(rename = "valorEmCentavos")]
     #[schema(value_type = i64)]
     pub amount_cents: Cents,
@@ -185,8 +185,9 @@ fn object(body: &Value) -> Result<&serde_json::Map<String, Value>, ApiError> {
 }
 
 /// An account id from the path: syntax checked, issuer accounts readable.
-fn path_account(id: &str) -> Result<(), ApiError> {
-    validate_account_syntax(id).map_err(|message| ApiError::Validation(vec![FieldError::new("id", message)]))
+fn path_account(id: String) -> Result<contracts::AccountId, ApiError> {
+    contracts::AccountId::parse(id)
+        .map_err(|invalid| ApiError::Validation(vec![FieldError::new("id", invalid.message)]))
 }
 
 /// Create an account, optionally with an opening balance.
@@ -218,47 +219,12 @@ pub async fn create_account(
     caller.require_admin()?;
     let object = object(&body)?;
     let mut errors = Vec::new();
-    let id = match object.get("id") {
-        None | Some(Value::Null) => {
-            errors.push(FieldError::new("id", "is required"));
-            None
-        }
-        Some(Value::String(id)) => match validate_account_syntax(id) {
-            Ok(()) if id.starts_with(ISSUER_PREFIX) => {
-                errors.push(FieldError::new(
-                    "id",
-                    format!("{ISSUER_PREFIX}… accounts are reserved for the ledger's issuers"),
-                ));
-                None
-            }
-            Ok(()) => Some(id.clone()),
-            Err(message) => {
-                errors.push(FieldError::new("id", message));
-                None
-            }
-        },
-        Some(_) => {
-            errors.push(FieldError::new("id", "must be a string"));
-            None
-        }
-    };
-    let currency = match object.get("moeda") {
-        None | Some(Value::Null) => {
-            errors.push(FieldError::new("moeda", "is required"));
-            None
-        }
-        Some(Value::String(code)) => match Currency::parse(code.as_str()) {
-            Ok(currency) => Some(currency),
-            Err(invalid) => {
-                errors.push(FieldError::new("moeda", invalid.to_string()));
-                None
-            }
-        },
-        Some(_) => {
-            errors.push(FieldError::new("moeda", "must be a string"));
-            None
-        }
-    };
+    let id = web::required_text(object, "id", &mut errors, |id| {
+        contracts::AccountId::customer(id).map_err(|invalid| invalid.message)
+    });
+    let currency = web::required_text(object, "moeda", &mut errors, |code| {
+        Currency::parse(code).map_err(|invalid| invalid.to_string())
+    });
     let opening = cents(object, "saldoInicialCentavos", &mut errors).unwrap_or(0);
     if opening < 0 {
         errors.push(FieldError::new("saldoInicialCentavos", "must not be negative"));
@@ -329,7 +295,7 @@ pub async fn deposit(
     JsonBody(body): JsonBody,
 ) -> Result<Response, ApiError> {
     caller.require_admin()?;
-    path_account(&account)?;
+    let account = path_account(account)?;
     let object = object(&body)?;
     let mut errors = Vec::new();
     let deposit_id = match object.get("depositoId") {
@@ -397,7 +363,7 @@ pub async fn get_account(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<AccountView>, ApiError> {
-    path_account(&id)?;
+    let id = path_account(id)?;
     let account = store::find_account(&state.pool, &id)
         .await
         .map_err(internal)?
@@ -432,7 +398,7 @@ pub async fn list_entries(
     Path(id): Path<String>,
     query: Result<Query<EntriesQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Vec<EntryView>>, ApiError> {
-    path_account(&id)?;
+    let id = path_account(id)?;
     let Query(query) = query.map_err(|rejection| ApiError::BadRequest(format!("bad query: {rejection}")))?;
     let limit = match query.limit.as_deref() {
         None => ENTRIES_LIMIT_DEFAULT,

@@ -13,9 +13,10 @@ use crate::error::StoreError;
 /// A customer account as the API shows it.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct AccountRow {
-    pub id: String,
-    #[sqlx(rename = "moeda")]
-    pub currency: String,
+    #[sqlx(try_from = "String")]
+    pub id: AccountId,
+    #[sqlx(rename = "moeda", try_from = "String")]
+    pub currency: Currency,
     #[sqlx(rename = "saldo_centavos", try_from = "i64")]
     pub balance_cents: Cents,
 }
@@ -24,7 +25,7 @@ pub struct AccountRow {
 #[derive(Debug, thiserror::Error)]
 pub enum CreateAccountError {
     #[error("account {0} already exists")]
-    Exists(String),
+    Exists(AccountId),
     #[error(transparent)]
     Deposit(#[from] DepositError),
     #[error(transparent)]
@@ -41,7 +42,7 @@ impl From<sqlx::Error> for CreateAccountError {
 /// `nameUUIDFromBytes("abertura:" + id)`, in the same transaction.
 pub async fn create_account(
     pool: &PgPool,
-    id: &str,
+    id: &AccountId,
     currency: &Currency,
     opening_cents: Cents,
 ) -> Result<AccountRow, CreateAccountError> {
@@ -49,27 +50,27 @@ pub async fn create_account(
     let created = sqlx::query(
         "INSERT INTO conta (id, saldo_centavos, moeda) VALUES ($1, 0, $2) ON CONFLICT (id) DO NOTHING",
     )
-    .bind(id)
+    .bind(id.as_str())
     .bind(currency.as_str())
     .execute(&mut *transaction)
     .await?;
     if created.rows_affected() == 0 {
-        return Err(CreateAccountError::Exists(id.to_owned()));
+        return Err(CreateAccountError::Exists(id.clone()));
     }
     if opening_cents.is_positive() {
-        let deposit_id = contracts::ids::opening_deposit_id(id);
+        let deposit_id = contracts::ids::opening_deposit_id(id.as_str());
         move_from_issuer(&mut transaction, deposit_id, id, currency, opening_cents).await?;
     }
     transaction.commit().await?;
-    Ok(AccountRow { id: id.to_owned(), currency: currency.as_str().to_owned(), balance_cents: opening_cents })
+    Ok(AccountRow { id: id.clone(), currency: currency.clone(), balance_cents: opening_cents })
 }
 
 /// A stored deposit.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct Deposit {
     pub id: Uuid,
-    #[sqlx(rename = "conta_id")]
-    pub account: String,
+    #[sqlx(rename = "conta_id", try_from = "String")]
+    pub account: AccountId,
     #[sqlx(rename = "valor_centavos", try_from = "i64")]
     pub amount_cents: Cents,
     #[sqlx(rename = "criado_em", try_from = "OffsetDateTime")]
@@ -80,11 +81,11 @@ pub struct Deposit {
 #[derive(Debug, thiserror::Error)]
 pub enum DepositError {
     #[error("no account {0}")]
-    NoAccount(String),
+    NoAccount(AccountId),
     #[error("deposit {id} was already made with another account or amount")]
     IdReused { id: Uuid, original: Deposit },
     #[error("the deposit would take the balance of {0} past the largest amount")]
-    Overflow(String),
+    Overflow(AccountId),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -106,20 +107,20 @@ pub enum DepositMade {
 pub async fn deposit(
     pool: &PgPool,
     deposit_id: Uuid,
-    account: &str,
+    account: &AccountId,
     amount_cents: Cents,
 ) -> Result<DepositMade, DepositError> {
     let mut transaction = begin(pool).await?;
     let currency: Option<String> =
         sqlx::query_scalar("SELECT moeda FROM conta WHERE id = $1 AND NOT emissor")
-            .bind(account)
+            .bind(account.as_str())
             .fetch_optional(&mut *transaction)
             .await?;
-    let Some(currency) = currency else { return Err(DepositError::NoAccount(account.to_owned())) };
+    let Some(currency) = currency else { return Err(DepositError::NoAccount(account.clone())) };
     // what `conta.moeda` holds was checked when the account was created
     let currency = Currency::parse(currency).map_err(StoreError::from)?;
     if let Some(original) = find_deposit(&mut transaction, deposit_id).await? {
-        return if original.account == account && original.amount_cents == amount_cents {
+        return if original.account == *account && original.amount_cents == amount_cents {
             Ok(DepositMade::Replayed(original))
         } else {
             Err(DepositError::IdReused { id: deposit_id, original })
@@ -139,8 +140,8 @@ pub async fn deposit(
             let mut connection = connection(pool).await?;
             let original = find_deposit(&mut connection, deposit_id)
                 .await?
-                .ok_or(DepositError::NoAccount(account.to_owned()))?;
-            if original.account == account && original.amount_cents == amount_cents {
+                .ok_or_else(|| DepositError::NoAccount(account.clone()))?;
+            if original.account == *account && original.amount_cents == amount_cents {
                 Ok(DepositMade::Replayed(original))
             } else {
                 Err(DepositError::IdReused { id: deposit_id, original })
@@ -162,34 +163,33 @@ async fn find_deposit(connection: &mut PgConnection, id: Uuid) -> Result<Option<
 async fn move_from_issuer(
     connection: &mut PgConnection,
     deposit_id: Uuid,
-    account: &str,
+    account: &AccountId,
     currency: &Currency,
     amount_cents: Cents,
 ) -> Result<Deposit, DepositError> {
-    let issuer = AccountId::issuer(currency).into_string();
+    let issuer = AccountId::issuer(currency);
     sqlx::query(
         "INSERT INTO conta (id, saldo_centavos, moeda, emissor) VALUES ($1, 0, $2, true) ON CONFLICT (id) DO NOTHING",
     )
-    .bind(&issuer)
+    .bind(issuer.as_str())
     .bind(currency.as_str())
     .execute(&mut *connection)
     .await?;
     let ids = {
-        let mut ids = vec![issuer.clone(), account.to_owned()];
+        let mut ids = vec![&issuer, account];
         ids.sort_unstable();
         ids
     };
     let accounts = lock_accounts(connection, &ids).await?;
-    let balance = |id: &str| accounts.get(id).map_or(Cents::ZERO, |account| account.balance_cents);
+    let balance = |id: &AccountId| accounts.get(id).map_or(Cents::ZERO, |account| account.balance_cents);
     let debited =
         balance(&issuer).checked_sub(amount_cents).ok_or_else(|| DepositError::Overflow(issuer.clone()))?;
-    let credited = balance(account)
-        .checked_add(amount_cents)
-        .ok_or_else(|| DepositError::Overflow(account.to_owned()))?;
+    let credited =
+        balance(account).checked_add(amount_cents).ok_or_else(|| DepositError::Overflow(account.clone()))?;
     let at = Timestamp::now();
     sqlx::query("INSERT INTO deposito (id, conta_id, valor_centavos, criado_em) VALUES ($1, $2, $3, $4)")
         .bind(deposit_id)
-        .bind(account)
+        .bind(account.as_str())
         .bind(amount_cents.get())
         .bind(at.as_offset_date_time())
         .execute(&mut *connection)
@@ -198,7 +198,7 @@ async fn move_from_issuer(
         "UPDATE conta SET saldo_centavos = novo.saldo \
          FROM UNNEST($1::text[], $2::int8[]) AS novo(id, saldo) WHERE conta.id = novo.id",
     )
-    .bind([issuer.as_str(), account])
+    .bind([issuer.as_str(), account.as_str()])
     .bind([debited.get(), credited.get()])
     .execute(&mut *connection)
     .await?;
@@ -206,5 +206,5 @@ async fn move_from_issuer(
     entries.push(deposit_id, &issuer, EntryKind::Debit, amount_cents);
     entries.push(deposit_id, account, EntryKind::Credit, amount_cents);
     entries.insert(connection, at.as_offset_date_time()).await?;
-    Ok(Deposit { id: deposit_id, account: account.to_owned(), amount_cents, created_at: at })
+    Ok(Deposit { id: deposit_id, account: account.clone(), amount_cents, created_at: at })
 }

@@ -5,17 +5,17 @@ use sqlx::PgPool;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use contracts::{Cents, EntryKind, Timestamp};
+use contracts::{AccountId, Cents, EntryKind, Timestamp};
 
 use super::{connection, AccountRow};
 use crate::error::StoreError;
 use crate::settlement::Outcome;
 
 /// Account `id` (issuer accounts included), if it exists.
-pub async fn find_account(pool: &PgPool, id: &str) -> Result<Option<AccountRow>, StoreError> {
+pub async fn find_account(pool: &PgPool, id: &AccountId) -> Result<Option<AccountRow>, StoreError> {
     let mut connection = connection(pool).await?;
     Ok(sqlx::query_as("SELECT id, moeda, saldo_centavos FROM conta WHERE id = $1")
-        .bind(id)
+        .bind(id.as_str())
         .fetch_optional(&mut *connection)
         .await?)
 }
@@ -36,13 +36,13 @@ pub struct Entry {
 }
 
 /// The newest `limit` entries of `account`, newest first.
-pub async fn entries(pool: &PgPool, account: &str, limit: i64) -> Result<Vec<Entry>, StoreError> {
+pub async fn entries(pool: &PgPool, account: &AccountId, limit: i64) -> Result<Vec<Entry>, StoreError> {
     let mut connection = connection(pool).await?;
     Ok(sqlx::query_as(
         "SELECT id, transferencia_id, tipo, valor_centavos, criado_em FROM lancamento \
          WHERE conta_id = $1 ORDER BY id DESC LIMIT $2",
     )
-    .bind(account)
+    .bind(account.as_str())
     .bind(limit)
     .fetch_all(&mut *connection)
     .await?)

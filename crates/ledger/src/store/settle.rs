@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use contracts::events::OutcomeDetails;
 use contracts::ids::{derived_event_id, REJECTED_BY_LEDGER_PREFIX, SETTLED_PREFIX};
-use contracts::{Cents, EntryKind, EventType, Timestamp, TransferRejected, TransferSettled};
+use contracts::{AccountId, Cents, EntryKind, EventType, Timestamp, TransferRejected, TransferSettled};
 
 use super::{begin, lock_accounts, Entries};
 use crate::error::StoreError;
@@ -49,14 +49,14 @@ pub async fn settle(
     topics: &OutcomeTopics,
 ) -> Result<Settlement, StoreError> {
     let mut transaction = begin(pool).await?;
-    let mut account_ids: Vec<String> = requests
+    let mut account_ids: Vec<&AccountId> = requests
         .iter()
-        .flat_map(|request| [request.transfer.source.clone(), request.transfer.destination.clone()])
+        .flat_map(|request| [&request.transfer.source, &request.transfer.destination])
         .collect();
     account_ids.sort_unstable();
     account_ids.dedup();
     let mut accounts = lock_accounts(&mut transaction, &account_ids).await?;
-    let before: HashMap<String, Cents> =
+    let before: HashMap<AccountId, Cents> =
         accounts.iter().map(|(id, account)| (id.clone(), account.balance_cents)).collect();
 
     // after the locks: whoever decided a transfer touching these accounts has committed
@@ -126,7 +126,7 @@ pub async fn settle(
         return Err(StoreError::DecidedConcurrently(lost));
     }
 
-    let changed: Vec<(&String, Cents)> = accounts
+    let changed: Vec<(&AccountId, Cents)> = accounts
         .iter()
         .filter(|(id, account)| before.get(*id) != Some(&account.balance_cents))
         .map(|(id, account)| (id, account.balance_cents))
@@ -224,7 +224,7 @@ pub(crate) fn outcome_event(
     Ok(OutcomeEvent {
         id,
         topic: topic.clone(),
-        key: transfer.source.clone(),
+        key: transfer.source.as_str().to_owned(),
         event_type,
         payload,
         traceparent: request.traceparent.clone(),

@@ -34,15 +34,16 @@ pub struct TransferView {
     pub id: Uuid,
     #[serde(rename = "contaOrigem")]
     #[schema(value_type = AccountId)]
-    pub source_account: String,
+    pub source_account: contracts::AccountId,
     #[serde(rename = "contaDestino")]
     #[schema(value_type = AccountId)]
-    pub destination_account: String,
+    pub destination_account: contracts::AccountId,
     #[serde(rename = "valorEmCentavos")]
     #[schema(value_type = i64)]
     pub amount_cents: Cents,
     #[serde(rename = "moeda")]
-    pub currency: String,
+    #[schema(value_type = String)]
+    pub currency: contracts::Currency,
     #[schema(value_type = StatusName)]
     pub status: Status,
     /// Set when `status` is `REJEITADA`, else null.

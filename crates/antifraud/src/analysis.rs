@@ -278,6 +278,37 @@ impl Analyser {
     }
 }
 
+/// Records of `all` that are not in `kept` leave the batch without being in a transaction: safe
+/// only if no later transaction of this consumer commits past them (their partition is someone
+/// else's, or the committed offset is there because their outputs were committed). Said at WARN
+/// with where they are, so a gap in antifraude's outputs can be traced to the decision.
+fn log_left_out<R: std::borrow::Borrow<OwnedMessage>>(all: &[R], kept: &[&OwnedMessage], why: &'static str) {
+    if all.len() == kept.len() {
+        return;
+    }
+    let mut ranges: std::collections::BTreeMap<(String, i32), (i64, i64, usize)> = Default::default();
+    for record in all.iter().map(std::borrow::Borrow::borrow) {
+        let is_kept = kept.iter().any(|other| {
+            other.partition() == record.partition()
+                && other.offset() == record.offset()
+                && other.topic() == record.topic()
+        });
+        if !is_kept {
+            let range = ranges.entry((record.topic().to_owned(), record.partition())).or_insert((
+                record.offset(),
+                record.offset(),
+                0,
+            ));
+            range.0 = range.0.min(record.offset());
+            range.1 = range.1.max(record.offset());
+            range.2 += 1;
+        }
+    }
+    for ((topic, partition), (first, last, count)) in ranges {
+        tracing::warn!(topic, partition, first, last, count, "{why}");
+    }
+}
+
 fn decode(input: &OwnedMessage) -> Result<TransferRequested, MalformedEvent> {
     let event: TransferRequested =
         serde_json::from_slice(input.payload().unwrap_or_default()).map_err(MalformedEvent::Json)?;
@@ -306,7 +337,18 @@ impl Handler for Analyser {
                 })
             })
             .collect();
-        let owned = if self.retrying { self.not_yet_committed(owned).await? } else { owned };
+        log_left_out(batch, &owned, "records of partitions not assigned any more: left to their new owner");
+        let owned = if self.retrying {
+            let kept = self.not_yet_committed(owned.clone()).await?;
+            log_left_out(
+                &owned,
+                &kept,
+                "records the group's committed offsets already passed: taken as done",
+            );
+            kept
+        } else {
+            owned
+        };
         if owned.is_empty() {
             self.retrying = false;
             return Ok(Verdict::all_done(batch));

@@ -790,9 +790,6 @@ mod tests {
 
     /// `out` as the next stage receives it: its topic, a new offset and timestamp.
     fn received(out: &OutgoingRecord, offset: i64, timestamp_ms: i64) -> OwnedMessage {
-        let headers = out.headers.iter().fold(OwnedHeaders::new(), |headers, (key, value)| {
-            headers.insert(Header { key, value: Some(value) })
-        });
         OwnedMessage::new(
             Some(out.payload.clone()),
             out.key.clone(),
@@ -800,7 +797,7 @@ mod tests {
             Timestamp::CreateTime(timestamp_ms),
             out.partition.unwrap_or(0), // a replay leaves it to the partitioner
             offset,
-            Some(headers),
+            Some(out.owned_headers()),
         )
     }
 

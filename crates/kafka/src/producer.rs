@@ -49,7 +49,8 @@ impl OutgoingRecord {
         self.headers.iter().filter(|(key, _)| key == name).map(|(_, value)| value.as_slice()).collect()
     }
 
-    pub(crate) fn owned_headers(&self) -> OwnedHeaders {
+    /// The headers as librdkafka carries them, in order (what a consumer of the record sees).
+    pub fn owned_headers(&self) -> OwnedHeaders {
         self.headers
             .iter()
             .fold(OwnedHeaders::new_with_capacity(self.headers.len()), |headers, (key, value)| {

@@ -328,9 +328,6 @@ mod migration_tests {
             (20261203000004, "10cb8b556d5bf3d7d04b67f2084fbf74e76902710290483ee542d14c91f7a7aa4b33e8479e200fabdec54e18ad6e78f6"),
             (20261205000001, "37cea8c26ba235a68143976c149db0b7b53110c0d0bbf4494c52bd26e18177358206ec194ba2bcdf539ff2ad3c7c9725"),
         ];
-        let carried = outbox::migrations::checksums(&super::MIGRATOR);
-        let recorded: Vec<(i64, String)> =
-            recorded.iter().map(|(version, checksum)| (*version, (*checksum).to_owned())).collect();
-        assert_eq!(carried, recorded);
+        outbox::migrations::assert_checksums(&super::MIGRATOR, &recorded);
     }
 }

@@ -80,6 +80,14 @@ pub fn checksums(migrator: &Migrator) -> Vec<(i64, String)> {
         .collect()
 }
 
+/// Panics unless `migrator`'s migrations are exactly `recorded` (version, checksum in hex): the
+/// services' tests that pin what deployed databases recorded call it with their list.
+pub fn assert_checksums(migrator: &Migrator, recorded: &[(i64, &str)]) {
+    let recorded: Vec<(i64, String)> =
+        recorded.iter().map(|(version, checksum)| (*version, (*checksum).to_owned())).collect();
+    assert_eq!(checksums(migrator), recorded, "a migration deployed databases recorded has changed");
+}
+
 fn part(name: &str) -> &'static str {
     PARTS
         .iter()

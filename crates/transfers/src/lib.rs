@@ -318,9 +318,6 @@ mod migration_tests {
             (20261203000004, "10cb8b556d5bf3d7d04b67f2084fbf74e76902710290483ee542d14c91f7a7aa4b33e8479e200fabdec54e18ad6e78f6"),
             (20261205000001, "90eaba260565a7412879872ef96b98e7679eafdf8f18e45bf9d0bf5032d5438d440cd1b2f1abfb4eb51b492c4b10dd7c"),
         ];
-        let carried = outbox::migrations::checksums(&super::MIGRATOR);
-        let recorded: Vec<(i64, String)> =
-            recorded.iter().map(|(version, checksum)| (*version, (*checksum).to_owned())).collect();
-        assert_eq!(carried, recorded);
+        outbox::migrations::assert_checksums(&super::MIGRATOR, &recorded);
     }
 }

@@ -13,6 +13,7 @@
 //! owner processes them from the last committed offset. A fatal producer error
 //! (fenced by a newer instance with the same `transactional.id`) recreates the producer.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use kafka::consumer::{next_offsets, Handler, KafkaConsumer, Verdict};
@@ -81,6 +82,13 @@ pub struct Analyser {
     /// The last attempt failed: its transaction may still have committed (a commit whose
     /// answer was lost), so the retry first learns what really is committed.
     retrying: bool,
+    /// Per input partition, the offset the last attempt sent in its transaction (none if it
+    /// failed before sending them): after a failure, the group's committed offset vouches for
+    /// records only if it is this one.
+    sent: BTreeMap<(String, i32), i64>,
+    /// Per input partition, the offset after the last record committed here and the
+    /// revocation tick of that commit: the next batch of the partition should start there.
+    frontier: BTreeMap<(String, i32), (i64, u64)>,
     topics: Topics,
     scorer: Scorer,
     group: String,
@@ -104,7 +112,17 @@ impl Analyser {
         scorer: Scorer,
         group: String,
     ) -> Self {
-        Self { consumer, producer_config, producer: None, retrying: false, topics, scorer, group }
+        Self {
+            consumer,
+            producer_config,
+            producer: None,
+            retrying: false,
+            sent: BTreeMap::new(),
+            frontier: BTreeMap::new(),
+            topics,
+            scorer,
+            group,
+        }
     }
 
     /// Treats the next batch as a retry of a failed attempt, as after a commit whose answer was
@@ -191,9 +209,12 @@ impl Analyser {
 
     /// One transaction for `records`; returns the committed outputs' topics.
     async fn transact(&mut self, records: &[&OwnedMessage]) -> Result<Vec<String>, AnalysisError> {
+        self.sent.clear();
         let outputs = records.iter().map(|record| self.output(record)).collect::<Result<Vec<_>, _>>()?;
         let producer = self.producer().await?;
         producer.begin().await?;
+        let consumer = self.consumer.clone();
+        let sent = &mut self.sent;
         let result = async {
             // the offsets first: until the coordinator has completed the previous transaction
             // (its markers written) it answers CONCURRENT_TRANSACTIONS, and AddOffsetsToTxn is
@@ -203,8 +224,14 @@ impl Analyser {
             // The group is read right before sending: under KIP-848 the member epoch can change
             // silently. The broker checks that epoch, not which partitions the member owned when
             // it read the records: the consumer loop has dropped those of partitions revoked since
-            let group = self.consumer.group_metadata().ok_or(AnalysisError::NoGroupMetadata)?;
-            producer.send_offsets(next_offsets(records.iter().copied()), group).await?;
+            let group = consumer.group_metadata().ok_or(AnalysisError::NoGroupMetadata)?;
+            let offsets = next_offsets(records.iter().copied());
+            for element in offsets.elements() {
+                if let kafka::rdkafka::Offset::Offset(offset) = element.offset() {
+                    sent.insert((element.topic().to_owned(), element.partition()), offset);
+                }
+            }
+            producer.send_offsets(offsets, group).await?;
             futures::future::try_join_all(outputs.iter().map(|output| producer.send(output))).await?;
             producer.commit().await?;
             Ok::<_, AnalysisError>(())
@@ -247,6 +274,13 @@ impl Analyser {
     /// completes or aborts whatever the last transaction left open; only then do the group's
     /// committed offsets tell which records of the batch are already done, and those are
     /// dropped. Retrying them would commit their outputs a second time.
+    ///
+    /// A committed offset vouches for the records below it only if it is the one the failed
+    /// attempt sent (its transaction did commit): any other value past them is not this
+    /// instance's doing, and a record taken as done on it that nobody analysed would be lost
+    /// for good. Those records are analysed again (said at WARN): a second analysis carries the
+    /// same derived event id, and where the offset is someone else's (this member fenced), the
+    /// broker refuses the transaction.
     async fn not_yet_committed<'a>(
         &mut self,
         records: Vec<&'a OwnedMessage>,
@@ -263,19 +297,90 @@ impl Analyser {
         .await
         .map_err(kafka::Error::from)?
         .map_err(|source| kafka::Error::Consumer { operation: "committed_offsets", source })?;
+        let mut vouched = BTreeMap::new();
+        for element in committed.elements() {
+            let kafka::rdkafka::Offset::Offset(offset) = element.offset() else { continue };
+            let key = (element.topic().to_owned(), element.partition());
+            let sent = self.sent.get(&key).copied();
+            if sent == Some(offset) {
+                // the failed attempt's transaction did commit: the partition goes on from there
+                self.frontier.insert(key.clone(), (offset, self.consumer.context().revocations.now()));
+                vouched.insert(key, offset);
+            } else if records.iter().any(|record| {
+                record.topic() == key.0 && record.partition() == key.1 && record.offset() < offset
+            }) {
+                tracing::warn!(
+                    topic = key.0,
+                    partition = key.1,
+                    committed = offset,
+                    sent,
+                    "the group's committed offset is past records of the batch but is not what the failed attempt sent: they are analysed again"
+                );
+            }
+        }
         Ok(records
             .into_iter()
             .filter(|record| {
-                let done = committed.find_partition(record.topic(), record.partition()).and_then(|element| {
-                    match element.offset() {
-                        kafka::rdkafka::Offset::Offset(offset) => Some(offset),
-                        _ => None,
-                    }
-                });
-                done.is_none_or(|next| record.offset() >= next)
+                vouched
+                    .get(&(record.topic().to_owned(), record.partition()))
+                    .is_none_or(|next| record.offset() >= *next)
             })
             .collect())
     }
+}
+
+impl Analyser {
+    /// Says at ERROR when a partition's records in `records` do not start where this
+    /// instance's last commit of it ended although the partition was not revoked since: the
+    /// offsets between were committed by the next transaction without being analysed. The
+    /// request topic is written by an idempotent, non-transactional producer (the outbox
+    /// relay), so its offsets have no gaps of their own; a producer writing it in transactions
+    /// would leave one offset per commit marker, said here too.
+    fn check_frontier(&self, records: &[&OwnedMessage]) {
+        for gap in gaps(&self.frontier, &self.consumer.context().revocations, records) {
+            tracing::error!(
+                topic = gap.topic,
+                partition = gap.partition,
+                expected = gap.expected,
+                first = gap.first,
+                "a batch does not start where the last commit of its partition ended: the offsets between are passed over unanalysed (or are transaction markers)"
+            );
+        }
+    }
+}
+
+/// Where a partition's records in a batch start past the offset its last commit ended at.
+#[derive(Debug, PartialEq, Eq)]
+struct Gap {
+    topic: String,
+    partition: i32,
+    expected: i64,
+    first: i64,
+}
+
+/// The partitions of `records` that start past their `frontier`, among those not revoked since.
+fn gaps(
+    frontier: &BTreeMap<(String, i32), (i64, u64)>,
+    revocations: &kafka::context::Revocations,
+    records: &[&OwnedMessage],
+) -> Vec<Gap> {
+    let mut first: BTreeMap<(&str, i32), i64> = BTreeMap::new();
+    for record in records {
+        let entry = first.entry((record.topic(), record.partition())).or_insert(record.offset());
+        *entry = (*entry).min(record.offset());
+    }
+    first
+        .into_iter()
+        .filter_map(|((topic, partition), offset)| {
+            let (expected, tick) = frontier.get(&(topic.to_owned(), partition))?;
+            (offset > *expected && !revocations.revoked_since(topic, partition, *tick)).then(|| Gap {
+                topic: topic.to_owned(),
+                partition,
+                expected: *expected,
+                first: offset,
+            })
+        })
+        .collect()
 }
 
 /// Records of `all` that are not in `kept` leave the batch without being in a transaction: safe
@@ -353,10 +458,15 @@ impl Handler for Analyser {
             self.retrying = false;
             return Ok(Verdict::all_done(batch));
         }
+        self.check_frontier(&owned);
         let started = std::time::Instant::now();
         self.retrying = true;
         let committed = self.transact(&owned).await?;
         self.retrying = false;
+        let tick = self.consumer.context().revocations.now();
+        for (key, offset) in &self.sent {
+            self.frontier.insert(key.clone(), (*offset, tick));
+        }
         metrics::histogram!("antifraud_transaction_seconds").record(started.elapsed().as_secs_f64());
         for topic in committed {
             let outcome = if topic == self.topics.analysed {
@@ -377,6 +487,37 @@ impl Handler for Analyser {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn record(partition: i32, offset: i64) -> OwnedMessage {
+        OwnedMessage::new(
+            None,
+            None,
+            "t".into(),
+            kafka::rdkafka::Timestamp::NotAvailable,
+            partition,
+            offset,
+            None,
+        )
+    }
+
+    #[test]
+    fn a_batch_that_starts_past_the_last_commit_of_its_partition_is_a_gap() {
+        let revocations = kafka::context::Revocations::default();
+        let tick = revocations.now();
+        let frontier: BTreeMap<_, _> =
+            [(("t".to_owned(), 0), (10, tick)), (("t".to_owned(), 1), (5, tick))].into_iter().collect();
+        let (a, b, c, d) = (record(0, 10), record(0, 11), record(1, 7), record(2, 40));
+        // partition 0 goes on where it ended; 1 skips 5 and 6; 2 has no commit here yet
+        assert_eq!(
+            gaps(&frontier, &revocations, &[&c, &a, &b, &d]),
+            [Gap { topic: "t".into(), partition: 1, expected: 5, first: 7 }]
+        );
+        // revoked since: fetched anew from the group's committed offset, not this frontier
+        let mut revoked = kafka::rdkafka::TopicPartitionList::new();
+        revoked.add_partition("t", 1);
+        revocations.record(&revoked);
+        assert_eq!(gaps(&frontier, &revocations, &[&c]), []);
+    }
 
     #[test]
     fn the_dead_letter_exception_names_a_type_that_exists() {

@@ -115,6 +115,38 @@ async fn a_retry_after_a_commit_whose_answer_was_lost_commits_nothing_twice() {
     assert_eq!(committed, ends.iter().map(|end| (*end > 0).then_some(*end)).collect::<Vec<_>>());
 }
 
+/// A retry takes records as done only on the committed offset its own failed attempt sent:
+/// here the offsets were committed by another instance's transaction (as by a bug, or a
+/// stale commit this member cannot account for), so the records are analysed again rather
+/// than dropped unanalysed; a record dropped on an offset nobody vouches for is lost for good.
+#[tokio::test]
+async fn a_retry_does_not_take_records_as_done_on_offsets_it_did_not_send() {
+    testkit::init_logs();
+    let topics = TestTopics::plan(2).await;
+    let ids = publish_requests(&topics).await;
+    let group = unique("antifraude-handler");
+    let consumer = member(&topics, &group);
+    let batch = receive(&consumer, RECORDS).await;
+
+    analyser(&topics, consumer.clone(), &group).handle(&batch, false).await.expect("first instance commits");
+    // another instance (its own transactional id) retries the same batch: the group's
+    // committed offsets are past every record, but not what it sent (it sent nothing)
+    let mut second = analyser(&topics, consumer.clone(), &group);
+    second.assume_last_attempt_failed();
+    second.handle(&batch, false).await.expect("the retry succeeds");
+
+    let outputs = committed_outputs(&topics).await;
+    let mut counts = std::collections::HashMap::<String, usize>::new();
+    for id in outputs {
+        *counts.entry(id).or_default() += 1;
+    }
+    assert_eq!(counts.keys().cloned().collect::<HashSet<_>>(), ids);
+    assert!(
+        counts.values().all(|count| *count == 2),
+        "every record analysed again by the retry, none taken as done on offsets it did not send: {counts:?}"
+    );
+}
+
 #[tokio::test]
 async fn records_of_a_partition_revoked_mid_batch_are_left_to_its_new_owner() {
     testkit::init_logs();

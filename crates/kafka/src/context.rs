@@ -136,8 +136,8 @@ impl Revocations {
             .is_some_and(|revoked| *revoked > taken)
     }
 
-    /// Records a revocation of `partitions` (the rebalance callback does).
-    pub(crate) fn record(&self, partitions: &TopicPartitionList) {
+    /// Records a revocation of `partitions` (the rebalance callback does; tests may).
+    pub fn record(&self, partitions: &TopicPartitionList) {
         let mut last = self.last.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let tick = self.clock.fetch_add(1, Ordering::AcqRel) + 1;
         for element in partitions.elements() {
@@ -182,6 +182,73 @@ impl ClientContext for Context {
 }
 
 impl ConsumerContext for Context {
+    /// rust-rdkafka's default applies a rebalance with `incremental_assign`/`incremental_unassign`
+    /// and ignores their answer. Both are all-or-nothing in librdkafka: a revocation naming one
+    /// partition that is not assigned any more unassigns none of them, so the others would go
+    /// on being fetched from where they were while the loop drops their records as revoked,
+    /// and the next commit would pass over them; an assignment naming one partition already
+    /// held assigns none. Here each call names only what it can apply ([`RebalancePlan`]), a
+    /// partition assigned again while held is revoked first (fetched anew from its committed
+    /// offset, its records in hand dropped), and a refusal is logged at ERROR.
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: rdkafka::types::RDKafkaRespErr,
+        partitions: &mut TopicPartitionList,
+    ) {
+        use rdkafka::consumer::RebalanceProtocol;
+        use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
+        let rebalance = match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => Rebalance::Assign(partitions),
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => Rebalance::Revoke(partitions),
+            other => Rebalance::Error(KafkaError::Rebalance(RDKafkaErrorCode::from(other))),
+        };
+        self.pre_rebalance(consumer, &rebalance);
+        if !matches!(consumer.rebalance_protocol(), RebalanceProtocol::Cooperative) {
+            // the classic protocol before a first assignment, or an eager assignor: whole
+            // assignments, as rust-rdkafka applies them
+            let applied = match &rebalance {
+                Rebalance::Assign(partitions) => consumer.assign(partitions),
+                _ => consumer.unassign(),
+            };
+            if let Err(error) = applied {
+                tracing::error!(%error, "rebalance not applied: the assignment may be stale");
+            }
+        } else if let Rebalance::Assign(partitions) | Rebalance::Revoke(partitions) = &rebalance {
+            let assigned = consumer.assignment().map(|list| keys(&list)).unwrap_or_default();
+            let plan =
+                RebalancePlan::new(matches!(rebalance, Rebalance::Assign(_)), &keys(partitions), &assigned);
+            if !plan.not_assigned.is_empty() {
+                tracing::warn!(partitions = ?plan.not_assigned, "revoked partitions this member did not hold");
+            }
+            if !plan.again.is_empty() {
+                tracing::warn!(
+                    partitions = ?plan.again,
+                    "partitions assigned again while held: revoked first, fetched anew from their committed offsets"
+                );
+                self.revocations.record(&list(&plan.again));
+            }
+            // a revocation's unassign is called even with nothing to name: librdkafka waits for
+            // the application's answer to each rebalance before it goes on
+            let unassign_call = !plan.assign_call || !plan.unassign.is_empty();
+            let unassigned =
+                if unassign_call { consumer.incremental_unassign(&list(&plan.unassign)) } else { Ok(()) };
+            if let Err(error) = unassigned {
+                tracing::error!(
+                    %error,
+                    partitions = ?plan.unassign,
+                    "incremental unassign refused: these partitions may still be fetched although revoked"
+                );
+            }
+            if plan.assign_call {
+                if let Err(error) = consumer.incremental_assign(&list(&plan.assign)) {
+                    tracing::error!(%error, partitions = ?plan.assign, "incremental assign refused: these partitions are not fetched");
+                }
+            }
+        }
+        self.post_rebalance(consumer, &rebalance);
+    }
+
     fn pre_rebalance(&self, consumer: &rdkafka::consumer::BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(partitions) = rebalance {
             // librdkafka keeps an application's pause through revocation and reassignment: a
@@ -205,6 +272,54 @@ impl ConsumerContext for Context {
                 tracing::info!(partitions = partitions.count(), "partitions revoked")
             }
             Rebalance::Error(error) => tracing::warn!(%error, "rebalance error"),
+        }
+    }
+}
+
+/// A partition: topic and number.
+type PartitionKey = (String, i32);
+
+fn keys(list: &TopicPartitionList) -> Vec<PartitionKey> {
+    list.elements().iter().map(|element| (element.topic().to_owned(), element.partition())).collect()
+}
+
+fn list(keys: &[PartitionKey]) -> TopicPartitionList {
+    let mut list = TopicPartitionList::with_capacity(keys.len());
+    for (topic, partition) in keys {
+        list.add_partition(topic, *partition);
+    }
+    list
+}
+
+/// How one cooperative rebalance is applied, given what the consumer holds.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct RebalancePlan {
+    /// Given to `incremental_unassign` (called even when empty).
+    unassign: Vec<PartitionKey>,
+    /// Given to `incremental_assign`, if `assign_call`.
+    assign: Vec<PartitionKey>,
+    assign_call: bool,
+    /// Revoked but not held: left out of the unassign, which would refuse them all.
+    not_assigned: Vec<PartitionKey>,
+    /// Assigned but already held: unassigned first and recorded as revoked, so that they are
+    /// fetched anew from their committed offsets and the records in hand are dropped.
+    again: Vec<PartitionKey>,
+}
+
+impl RebalancePlan {
+    fn new(assign: bool, partitions: &[PartitionKey], held: &[PartitionKey]) -> Self {
+        let (in_held, not_in_held): (Vec<_>, Vec<_>) =
+            partitions.iter().cloned().partition(|partition| held.contains(partition));
+        if assign {
+            Self {
+                unassign: in_held.clone(),
+                assign: partitions.to_vec(),
+                assign_call: true,
+                again: in_held,
+                ..Self::default()
+            }
+        } else {
+            Self { unassign: in_held, not_assigned: not_in_held, ..Self::default() }
         }
     }
 }
@@ -319,6 +434,46 @@ mod tests {
         let context = Context::default();
         context.rebootstrap.bind(std::ptr::null_mut(), "test", " ");
         assert!(!context.rebootstrap.is_bound());
+    }
+
+    fn partitions(numbers: &[i32]) -> Vec<PartitionKey> {
+        numbers.iter().map(|number| ("t".to_owned(), *number)).collect()
+    }
+
+    #[test]
+    fn a_revocation_unassigns_only_what_is_held() {
+        // librdkafka refuses the whole unassign if one partition is not held
+        let plan = RebalancePlan::new(false, &partitions(&[0, 1, 2]), &partitions(&[1, 2, 3]));
+        assert_eq!(
+            plan,
+            RebalancePlan {
+                unassign: partitions(&[1, 2]),
+                not_assigned: partitions(&[0]),
+                ..RebalancePlan::default()
+            }
+        );
+        let nothing_held = RebalancePlan::new(false, &partitions(&[0]), &[]);
+        assert_eq!(nothing_held.unassign, [], "still called, with nothing");
+        assert!(!nothing_held.assign_call);
+    }
+
+    #[test]
+    fn a_partition_assigned_while_held_is_revoked_and_assigned_anew() {
+        // librdkafka refuses the whole assign if one partition is already held; and a held
+        // partition's fetch position is not reset by a second assign
+        let plan = RebalancePlan::new(true, &partitions(&[1, 4]), &partitions(&[1, 2]));
+        assert_eq!(
+            plan,
+            RebalancePlan {
+                unassign: partitions(&[1]),
+                assign: partitions(&[1, 4]),
+                assign_call: true,
+                not_assigned: vec![],
+                again: partitions(&[1]),
+            }
+        );
+        let plain = RebalancePlan::new(true, &partitions(&[3]), &partitions(&[1]));
+        assert_eq!((plain.unassign, plain.again, plain.assign), (vec![], vec![], partitions(&[3])));
     }
 
     #[test]

@@ -89,14 +89,30 @@ async fn committed_offsets(consumer: Arc<KafkaConsumer>, topic: String) -> Vec<O
     .expect("join")
 }
 
+/// `RECORDS` requests published and received by the one member of a new group.
+struct Received {
+    topics: TestTopics,
+    ids: HashSet<String>,
+    group: String,
+    consumer: Arc<KafkaConsumer>,
+    batch: Vec<kafka::rdkafka::message::OwnedMessage>,
+}
+
+impl Received {
+    async fn new() -> Self {
+        testkit::init_logs();
+        let topics = TestTopics::plan(2).await;
+        let ids = publish_requests(&topics).await;
+        let group = unique("antifraude-handler");
+        let consumer = member(&topics, &group);
+        let batch = receive(&consumer, RECORDS).await;
+        Self { topics, ids, group, consumer, batch }
+    }
+}
+
 #[tokio::test]
 async fn a_retry_after_a_commit_whose_answer_was_lost_commits_nothing_twice() {
-    testkit::init_logs();
-    let topics = TestTopics::plan(2).await;
-    let ids = publish_requests(&topics).await;
-    let group = unique("antifraude-handler");
-    let consumer = member(&topics, &group);
-    let batch = receive(&consumer, RECORDS).await;
+    let Received { topics, ids, group, consumer, batch } = Received::new().await;
     let mut analyser = analyser(&topics, consumer.clone(), &group);
 
     analyser.handle(&batch, false).await.expect("first attempt commits");
@@ -121,12 +137,7 @@ async fn a_retry_after_a_commit_whose_answer_was_lost_commits_nothing_twice() {
 /// than dropped unanalysed; a record dropped on an offset nobody vouches for is lost for good.
 #[tokio::test]
 async fn a_retry_does_not_take_records_as_done_on_offsets_it_did_not_send() {
-    testkit::init_logs();
-    let topics = TestTopics::plan(2).await;
-    let ids = publish_requests(&topics).await;
-    let group = unique("antifraude-handler");
-    let consumer = member(&topics, &group);
-    let batch = receive(&consumer, RECORDS).await;
+    let Received { topics, ids, group, consumer, batch } = Received::new().await;
 
     analyser(&topics, consumer.clone(), &group).handle(&batch, false).await.expect("first instance commits");
     // another instance (its own transactional id) retries the same batch: the group's

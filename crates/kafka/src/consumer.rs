@@ -1030,10 +1030,24 @@ async fn fill_taken(
 }
 
 /// The next record ([`Io::receive`], cancel-safe), with the [`Revocations`] tick right after it
-/// was taken (a revocation served while polling for it came before it).
+/// was taken (a revocation served while polling for it came before it). Every wait of the loop
+/// polls through here, so a rebalance librdkafka refused ([`Revocations::refuse`]) ends it with
+/// [`Error::Fatal`]: the member would never fetch again.
 async fn receive_taken(io: &impl Io) -> Result<(OwnedMessage, u64), Error> {
-    let record = io.receive().await?;
-    Ok((record, io.revocations().now()))
+    let revocations = io.revocations();
+    tokio::select! {
+        biased;
+        why = revocations.wait_refused() => {
+            tracing::error!(reason = why, "librdkafka refused a rebalance: the consumer loop stops (a fresh member recovers)");
+            Err(Error::Fatal(why.into()))
+        }
+        record = io.receive() => {
+            let record = record?;
+            let tick = revocations.now();
+            revocations.taken(record.topic(), record.partition(), tick);
+            Ok((record, tick))
+        }
+    }
 }
 
 /// Per partition, the offset after its last record in `records`: what a consumer commits (or
@@ -1058,11 +1072,18 @@ pub fn next_offsets<'a>(records: impl IntoIterator<Item = &'a OwnedMessage>) -> 
 /// consumer's position may be stored for every partition that holds none. It matters on transactional topics: the position moves past the commit markers,
 /// which are never delivered, so the committed offset reaches the end of the partition and
 /// `kafka_consumer_lag` reads exactly 0 once the group has drained its input.
+///
+/// A partition revoked after the last record taken from it is skipped: assigned again at once,
+/// its position can still be the one from before the revocation (librdkafka resets it only
+/// once the old fetcher has stopped), past records the loop dropped as revoked.
 fn store_position(io: &impl Io, held: &Held) {
     let positions = io.positions();
     let mut offsets = TopicPartitionList::with_capacity(positions.len());
+    let revocations = io.revocations();
     // a held partition's position is past its held records, which are not handled yet
-    let unheld = positions.into_iter().filter(|(topic, partition, _)| !held.holds(topic, *partition));
+    let unheld = positions.into_iter().filter(|(topic, partition, _)| {
+        !held.holds(topic, *partition) && revocations.taken_since_revoked(topic, *partition)
+    });
     for (topic, partition, offset) in unheld {
         if offsets.add_partition_offset(&topic, partition, Offset::Offset(offset)).is_err() {
             return;

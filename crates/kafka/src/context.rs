@@ -117,6 +117,14 @@ pub struct Revocations {
     clock: AtomicU64,
     /// topic → partition → tick of its last revocation
     last: Mutex<HashMap<String, HashMap<i32, u64>>>,
+    /// Why librdkafka refused to apply a rebalance, if it did: the member then waits for an
+    /// answer it will never get (no more fetching, no heartbeat acknowledgement), so the
+    /// consumer loop stops with [`crate::Error::Fatal`] and the service is restarted as a fresh
+    /// member.
+    refused: Mutex<Option<String>>,
+    refused_changed: tokio::sync::Notify,
+    /// topic → partition → tick at which the consumer loop last took a record of it
+    taken: Mutex<HashMap<String, HashMap<i32, u64>>>,
 }
 
 impl Revocations {
@@ -134,6 +142,60 @@ impl Revocations {
         last.get(topic)
             .and_then(|partitions| partitions.get(&partition))
             .is_some_and(|revoked| *revoked > taken)
+    }
+
+    /// Notes that a record of `topic`/`partition` was taken at `tick` (the consumer loop does).
+    pub(crate) fn taken(&self, topic: &str, partition: i32, tick: u64) {
+        let mut taken = self.taken.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match taken.get_mut(topic) {
+            Some(partitions) => {
+                partitions.insert(partition, tick);
+            }
+            None => {
+                taken.entry(topic.to_owned()).or_default().insert(partition, tick);
+            }
+        }
+    }
+
+    /// Whether a record of `topic`/`partition` was taken after its last revocation (or it was
+    /// never revoked): only then does the consumer's position of it come from the current
+    /// assignment.
+    pub fn taken_since_revoked(&self, topic: &str, partition: i32) -> bool {
+        let revoked = {
+            let last = self.last.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            last.get(topic).and_then(|partitions| partitions.get(&partition)).copied()
+        };
+        let Some(revoked) = revoked else { return true };
+        let taken = self.taken.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        taken
+            .get(topic)
+            .and_then(|partitions| partitions.get(&partition))
+            .is_some_and(|tick| *tick >= revoked)
+    }
+
+    /// Records that librdkafka refused to apply a rebalance (the rebalance callback does; tests
+    /// may).
+    pub fn refuse(&self, why: String) {
+        *self.refused.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(why);
+        self.refused_changed.notify_waiters();
+    }
+
+    /// Why librdkafka refused a rebalance, if it did.
+    pub fn refused(&self) -> Option<String> {
+        self.refused.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    /// Waits until a rebalance is refused ([`Self::refuse`]); cancel-safe.
+    pub async fn wait_refused(&self) -> String {
+        loop {
+            let changed = self.refused_changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if let Some(why) = self.refused() {
+                return why;
+            }
+            changed.await;
+        }
     }
 
     /// Records a revocation of `partitions` (the rebalance callback does; tests may).
@@ -184,12 +246,13 @@ impl ClientContext for Context {
 impl ConsumerContext for Context {
     /// rust-rdkafka's default applies a rebalance with `incremental_assign`/`incremental_unassign`
     /// and ignores their answer. Both are all-or-nothing in librdkafka: a revocation naming one
-    /// partition that is not assigned any more unassigns none of them, so the others would go
-    /// on being fetched from where they were while the loop drops their records as revoked,
-    /// and the next commit would pass over them; an assignment naming one partition already
-    /// held assigns none. Here each call names only what it can apply ([`RebalancePlan`]), a
-    /// partition assigned again while held is revoked first (fetched anew from its committed
-    /// offset, its records in hand dropped), and a refusal is logged at ERROR.
+    /// partition that is not assigned any more unassigns none of them, an assignment naming
+    /// one partition already held assigns none, and the member then waits for ever for an
+    /// answer (nothing fetched, the rebalance never acknowledged) while the loop would go on
+    /// as if nothing happened. Here each call names only what it can apply
+    /// ([`RebalancePlan`]), a partition assigned again while held is revoked first (fetched
+    /// anew from its committed offset, its records in hand dropped), and a refusal is logged at
+    /// ERROR and stops the consumer loop ([`Revocations::refuse`]): a fresh member recovers.
     fn rebalance(
         &self,
         consumer: &BaseConsumer<Self>,
@@ -212,12 +275,21 @@ impl ConsumerContext for Context {
                 _ => consumer.unassign(),
             };
             if let Err(error) = applied {
-                tracing::error!(%error, "rebalance not applied: the assignment may be stale");
+                tracing::error!(%error, "rebalance refused: the member is stuck; its consumer loop stops");
+                self.revocations.refuse(format!("rebalance refused: {error}"));
             }
         } else if let Rebalance::Assign(partitions) | Rebalance::Revoke(partitions) = &rebalance {
-            let assigned = consumer.assignment().map(|list| keys(&list)).unwrap_or_default();
-            let plan =
-                RebalancePlan::new(matches!(rebalance, Rebalance::Assign(_)), &keys(partitions), &assigned);
+            let assign = matches!(rebalance, Rebalance::Assign(_));
+            // unknown (the client is closing): the list as it came, as rust-rdkafka applies it
+            let assigned = consumer.assignment().map(|list| keys(&list)).unwrap_or_else(|error| {
+                tracing::debug!(%error, "assignment unknown during a rebalance");
+                if assign {
+                    Vec::new()
+                } else {
+                    keys(partitions)
+                }
+            });
+            let plan = RebalancePlan::new(assign, &keys(partitions), &assigned);
             if !plan.not_assigned.is_empty() {
                 tracing::warn!(partitions = ?plan.not_assigned, "revoked partitions this member did not hold");
             }
@@ -226,6 +298,10 @@ impl ConsumerContext for Context {
                     partitions = ?plan.again,
                     "partitions assigned again while held: revoked first, fetched anew from their committed offsets"
                 );
+                // the application's pause outlives an unassign and assign (see pre_rebalance)
+                if let Err(error) = rdkafka::consumer::Consumer::resume(consumer, &list(&plan.again)) {
+                    tracing::debug!(%error, "partitions assigned again not resumed");
+                }
                 self.revocations.record(&list(&plan.again));
             }
             // a revocation's unassign is called even with nothing to name: librdkafka waits for
@@ -234,15 +310,15 @@ impl ConsumerContext for Context {
             let unassigned =
                 if unassign_call { consumer.incremental_unassign(&list(&plan.unassign)) } else { Ok(()) };
             if let Err(error) = unassigned {
-                tracing::error!(
-                    %error,
-                    partitions = ?plan.unassign,
-                    "incremental unassign refused: these partitions may still be fetched although revoked"
-                );
+                tracing::error!(%error, partitions = ?plan.unassign, "incremental unassign refused: the member is stuck; its consumer loop stops");
+                self.revocations
+                    .refuse(format!("incremental unassign of {:?} refused: {error}", plan.unassign));
             }
             if plan.assign_call {
                 if let Err(error) = consumer.incremental_assign(&list(&plan.assign)) {
-                    tracing::error!(%error, partitions = ?plan.assign, "incremental assign refused: these partitions are not fetched");
+                    tracing::error!(%error, partitions = ?plan.assign, "incremental assign refused: the member is stuck; its consumer loop stops");
+                    self.revocations
+                        .refuse(format!("incremental assign of {:?} refused: {error}", plan.assign));
                 }
             }
         }

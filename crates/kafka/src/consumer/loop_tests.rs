@@ -42,6 +42,9 @@ struct State {
     published: Vec<(OutgoingRecord, Route, Instant)>,
     /// How many publishes are refused before they are acknowledged again.
     refuse_publishes: usize,
+    /// A revocation keeps the partition's position (librdkafka's window between an unassign
+    /// and the old fetcher's stop, when the partition is assigned again at once).
+    revoke_keeps_position: bool,
 }
 
 fn key(partition: i32) -> Key {
@@ -77,7 +80,9 @@ impl Broker {
         let mut state = self.lock();
         state.assigned.remove(&key(partition));
         state.paused.remove(&key(partition));
-        state.position.remove(&key(partition));
+        if !state.revoke_keeps_position {
+            state.position.remove(&key(partition));
+        }
         let mut revoked = TopicPartitionList::new();
         revoked.add_partition("t", partition);
         self.revocations.record(&revoked);
@@ -494,4 +499,71 @@ fn batch_handling_time_is_labelled_with_the_group() {
         .find_map(|line| line.strip_prefix("kafka_batch_handling_seconds_count{group=\"loop-tests\"} "))
         .unwrap_or_else(|| panic!("no batch handling time of the group in:\n{text}"));
     assert_ne!(count, "0", "{text}");
+}
+
+/// Fails its first batch as a whole (the database away), then calls every record done.
+struct FailsOnce {
+    failed: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("unavailable")]
+struct Unavailable;
+
+impl Handler for FailsOnce {
+    type Error = Unavailable;
+
+    async fn handle(&mut self, batch: &[OwnedMessage], _retrying: bool) -> Result<Vec<Verdict>, Unavailable> {
+        if !self.failed {
+            self.failed = true;
+            return Err(Unavailable);
+        }
+        Ok(Verdict::all_done(batch))
+    }
+}
+
+/// A partition revoked and assigned again at once, while its record waited for a retry: the
+/// record is dropped (it is not this member's any more), and until a record of the partition
+/// is taken again the consumer's position may still be the old one, past the dropped record.
+/// The idle store must not store it: the record would be committed unhandled.
+#[tokio::test(start_paused = true)]
+async fn an_idle_store_does_not_store_a_position_from_before_a_revocation() {
+    let broker = Arc::new(Broker::default());
+    broker.lock().revoke_keeps_position = true;
+    broker.produce(0, "a");
+    broker.produce(1, "b");
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn({
+        let (broker, shutdown) = (broker.clone(), shutdown.clone());
+        async move {
+            let options = LoopOptions { batch_wait_max: Duration::ZERO, ..LoopOptions::default() };
+            consume(&*broker, &mut FailsOnce { failed: false }, &options, &shutdown).await
+        }
+    });
+    let start = Instant::now();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // during the 500 ms backoff of the failed batch: partition 0 goes and comes back
+    broker.revoke(0);
+    broker.assign(0);
+    tokio::time::sleep_until(start + Duration::from_secs(3)).await;
+    assert_eq!(broker.stored(1), Some(1), "partition 1's record, handled, is stored");
+    assert_eq!(broker.stored(0), None, "partition 0's dropped record was stored as handled");
+    shutdown.cancel();
+    run.await.expect("loop task").expect("loop");
+}
+
+/// librdkafka refused to apply a rebalance: the member would wait for ever, so the loop stops
+/// with a fatal error (the service exits and comes back as a fresh member).
+#[tokio::test(start_paused = true)]
+async fn a_refused_rebalance_stops_the_loop() {
+    let broker = Broker::default();
+    broker.produce(0, "due=0");
+    let running = Running::start(broker);
+    running.at(100).await;
+    assert_eq!(running.handled(), [(0, 0, 0)]);
+    running.broker.revocations.refuse("incremental assign refused (test)".into());
+    running.at(100).await;
+    assert!(running.run.is_finished(), "the loop went on after a refused rebalance");
+    let ended = running.run.await.expect("loop task");
+    assert!(matches!(ended, Err(Error::Fatal(_))), "{ended:?}");
 }

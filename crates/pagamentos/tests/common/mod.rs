@@ -16,9 +16,21 @@ pub const ADMIN_TOKEN: &str = "test-admin-token";
 pub const WEBHOOK_SECRET: &str = "test-webhook-secret";
 
 /// `pagamentos <subcommand>` on the test's topics (3 partitions) and group protocol, with the
-/// test tokens and webhook secret, fewer than 3 replicas allowed, logging only warnings to nowhere, killed when dropped; the
-/// caller adds the service's own settings and spawns it.
+/// test tokens and webhook secret, fewer than 3 replicas allowed, killed when dropped; the
+/// caller adds the service's own settings and spawns it. Its warnings and errors are appended
+/// to `<CARGO_TARGET_TMPDIR>/<topic prefix><subcommand>.log` (the prefix is in the test's
+/// failure messages): a failed test leaves what the service said.
 pub fn service(topics: &TestTopics, subcommand: &str) -> Command {
+    let log = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "{}{}.log",
+        topics.args.topic_prefix,
+        subcommand.replace(' ', "-")
+    ));
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .unwrap_or_else(|error| panic!("service log {}: {error}", log.display()));
     let mut command = Command::new(env!("CARGO_BIN_EXE_pagamentos"));
     command
         .arg(subcommand)
@@ -33,7 +45,7 @@ pub fn service(topics: &TestTopics, subcommand: &str) -> Command {
         .env("NOTIFICACOES_WEBHOOK_SECRET", WEBHOOK_SECRET)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log)
         .kill_on_drop(true);
     command
 }

@@ -335,11 +335,12 @@ pub async fn records_written(args: &kafka::KafkaArgs, topic: &str) -> i64 {
 }
 
 /// Every committed record of `topic` (read_committed), read to the end of each partition as
-/// librdkafka reports it: under read_committed that end is the last stable offset, so it is
-/// reached only once no transaction on the partition is still open (a producer killed
-/// mid-transaction holds it until the broker aborts that transaction). No quiet time window
-/// decides that the reading is over; a partition that neither delivers nor ends in 120 s fails
-/// the test.
+/// librdkafka reports it: under read_committed that end is the last stable offset, so a
+/// transaction still open on the partition (a producer killed mid-transaction, until the broker
+/// aborts it) ends the reading at its first record, and what follows it is not read: like
+/// every read_committed reader, this one sees only what precedes the oldest open transaction.
+/// No quiet time window decides that the reading is over; a partition that neither delivers
+/// nor ends in 120 s fails the test.
 pub async fn read_to_end(args: &kafka::KafkaArgs, topic: &str) -> Vec<kafka::rdkafka::message::OwnedMessage> {
     use kafka::rdkafka::consumer::Consumer;
     use kafka::rdkafka::error::KafkaError;

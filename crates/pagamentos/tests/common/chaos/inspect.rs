@@ -66,6 +66,105 @@ pub async fn diagnose(
         &lost[..lost.len().min(5)]
     );
     unanalysed_requests(system, lost, analysed, requests).await;
+    let outcomes = [
+        system.topics.topic(contracts::topics::ANALYSED),
+        system.topics.topic(contracts::topics::REJECTED),
+        system.topics.topic(contracts::topics::SETTLED),
+    ];
+    for topic in &outcomes {
+        open_transactions(system, topic, lost).await;
+    }
+}
+
+/// A read_committed reader (the checks, the ledger, the projection) stops at a partition's
+/// last stable offset: a transaction still open there hides every record after it, committed
+/// or not. Says where a partition of `topic` has one, and which of the `lost` transfers have a
+/// record on `topic` that only a read_uncommitted reader sees (in a transaction still open, or
+/// aborted): an outcome written but hidden, rather than never written.
+async fn open_transactions(system: &System, topic: &str, lost: &[&String]) {
+    use kafka::rdkafka::consumer::{BaseConsumer, Consumer};
+    let ends = |isolation: &'static str| {
+        let mut config = kafka::config::base_consumer_settings(&system.topics.args, "chaos-ends");
+        config.set("isolation.level", isolation).set("group.id", testkit::unique("chaos-ends"));
+        let topic = topic.to_owned();
+        tokio::task::spawn_blocking(move || -> Result<Vec<(i32, i64)>, String> {
+            let consumer: BaseConsumer = config.create().map_err(|error| error.to_string())?;
+            let metadata = consumer
+                .fetch_metadata(Some(&topic), Duration::from_secs(10))
+                .map_err(|error| error.to_string())?;
+            let partitions: Vec<i32> =
+                metadata.topics().iter().flat_map(|t| t.partitions().iter().map(|p| p.id())).collect();
+            partitions
+                .into_iter()
+                .map(|partition| {
+                    consumer
+                        .fetch_watermarks(&topic, partition, Duration::from_secs(10))
+                        .map(|(_, end)| (partition, end))
+                        .map_err(|error| error.to_string())
+                })
+                .collect()
+        })
+    };
+    let (stable, high) = match (ends("read_committed").await, ends("read_uncommitted").await) {
+        (Ok(Ok(stable)), Ok(Ok(high))) => (stable, high),
+        other => {
+            eprintln!("[chaos] {topic}: ends unreadable: {other:?}");
+            return;
+        }
+    };
+    for ((partition, stable), (_, high)) in stable.iter().zip(&high) {
+        if stable < high {
+            eprintln!(
+                "[chaos] {topic}/{partition}: last stable offset {stable} < high watermark {high}: a transaction open there hides what follows from read_committed readers"
+            );
+        }
+    }
+    let mut config = kafka::config::base_consumer_settings(&system.topics.args, "chaos-uncommitted");
+    config
+        .set("isolation.level", "read_uncommitted")
+        .set("enable.partition.eof", "true")
+        .set("group.id", testkit::unique("chaos-uncommitted"));
+    let Ok(reader) = config.create::<kafka::rdkafka::consumer::StreamConsumer>() else { return };
+    let mut assignment = kafka::rdkafka::TopicPartitionList::new();
+    for (partition, _) in &high {
+        let _ = assignment.add_partition_offset(topic, *partition, kafka::rdkafka::Offset::Beginning);
+    }
+    if reader.assign(&assignment).is_err() {
+        return;
+    }
+    let mut open: std::collections::HashSet<i32> = high.iter().map(|(partition, _)| *partition).collect();
+    let mut found = 0usize;
+    // (a minute at most: this is only a diagnosis)
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !open.is_empty() {
+        let Ok(received) = tokio::time::timeout_at(deadline, reader.recv()).await else {
+            eprintln!("[chaos] {topic}: read_uncommitted reading unfinished after 60 s: {open:?}");
+            break;
+        };
+        let record = match received {
+            Ok(record) => record,
+            Err(kafka::rdkafka::error::KafkaError::PartitionEOF(partition)) => {
+                open.remove(&partition);
+                continue;
+            }
+            Err(error) => {
+                eprintln!("[chaos] {topic}: read_uncommitted reading failed: {error}");
+                break;
+            }
+        };
+        let text = String::from_utf8_lossy(record.payload().unwrap_or_default()).into_owned();
+        if let Some(id) = lost.iter().find(|id| text.contains(id.as_str())) {
+            found += 1;
+            eprintln!(
+                "[chaos] lost {id}: a record on {topic}/{}/{} (seen read_uncommitted; read_committed readers see it only if its transaction committed)",
+                record.partition(),
+                record.offset()
+            );
+        }
+    }
+    if found == 0 {
+        eprintln!("[chaos] {topic}: none of the lost transfers has a record there, committed or not");
+    }
 }
 
 /// For lost transfers antifraude never analysed: where their request records are, the

@@ -278,8 +278,13 @@ impl ConsumerContext for Context {
                 tracing::error!(%error, "rebalance refused: the member is stuck; its consumer loop stops");
                 self.revocations.refuse(format!("rebalance refused: {error}"));
             }
-        } else if let Rebalance::Assign(partitions) | Rebalance::Revoke(partitions) = &rebalance {
+        } else {
             let assign = matches!(rebalance, Rebalance::Assign(_));
+            if let Rebalance::Error(error) = &rebalance {
+                // as rust-rdkafka does: the list is unassigned (what of it is held)
+                tracing::warn!(%error, partitions = partitions.count(), "rebalance error: its partitions are unassigned");
+                self.revocations.record(partitions);
+            }
             // unknown (the client is closing): the list as it came, as rust-rdkafka applies it
             let assigned = consumer.assignment().map(|list| keys(&list)).unwrap_or_else(|error| {
                 tracing::debug!(%error, "assignment unknown during a rebalance");

@@ -75,6 +75,10 @@ async fn relay(client: TcpStream, server: TcpStream, armed: Arc<AtomicBool>, cut
         }
     });
     let mut started = false;
+    // the prepared statements (by name) that insert a transfer: sqlx prepares a statement once
+    // per connection (Parse, with its text) and then only binds it (Bind names it, no text), so
+    // a connection that inserted a transfer before would otherwise never be cut
+    let mut insert_statements: std::collections::HashSet<Vec<u8>> = std::collections::HashSet::new();
     let mut inserted_transfer = false;
     let mut commit_parsed = false;
     loop {
@@ -92,8 +96,26 @@ async fn relay(client: TcpStream, server: TcpStream, armed: Arc<AtomicBool>, cut
         }
         let text = String::from_utf8_lossy(&body);
         let (query, parse, sync) = (kind[0] == b'Q', kind[0] == b'P', kind[0] == b'S');
-        if (query || parse) && text.contains("INSERT INTO transferencia (") {
+        let inserts = text.contains("INSERT INTO transferencia (");
+        if query && inserts {
             inserted_transfer = true;
+        }
+        // Parse: statement name, NUL, query text; Bind: portal name, NUL, statement name, NUL, …
+        let mut names = body.split(|byte| *byte == 0);
+        if parse {
+            // a Parse replaces what the name meant (the unnamed statement, "", most often)
+            let name = names.next().unwrap_or_default().to_vec();
+            if inserts {
+                insert_statements.insert(name);
+            } else {
+                insert_statements.remove(&name);
+            }
+        }
+        if started && kind[0] == b'B' {
+            let _portal = names.next();
+            if names.next().is_some_and(|statement| insert_statements.contains(statement)) {
+                inserted_transfer = true;
+            }
         }
         let commit = (query || parse) && text.contains("COMMIT");
         commit_parsed |= parse && commit;
@@ -142,9 +164,14 @@ async fn a_connection_lost_during_commit_is_an_unknown_outcome_and_the_same_key_
     })
     .await;
 
-    // through the proxy, untouched, a transfer is accepted as usual
-    let before = app.post_transfer(&transfer("CC-001", "CC-002", 100), Some("before")).await;
-    assert_eq!(before.status(), 202);
+    // through the proxy, untouched, transfers are accepted as usual; the pool's connections
+    // prepare the insert on the way, so the cut below meets one that only binds it (the case
+    // that made this test fail now and then: fresh-clone run 16)
+    for n in 0..5 {
+        let before =
+            app.post_transfer(&transfer("CC-001", "CC-002", 100 + n), Some(&format!("before-{n}"))).await;
+        assert_eq!(before.status(), 202);
+    }
 
     cutter.armed.store(true, Ordering::SeqCst);
     let body = transfer("CC-001", "CC-002", 4_200);

@@ -294,36 +294,39 @@ impl ConsumerContext for Context {
                     keys(partitions)
                 }
             });
-            let plan = RebalancePlan::new(assign, &keys(partitions), &assigned);
-            if !plan.not_assigned.is_empty() {
-                tracing::warn!(partitions = ?plan.not_assigned, "revoked partitions this member did not hold");
-            }
-            if !plan.again.is_empty() {
-                tracing::warn!(
-                    partitions = ?plan.again,
-                    "partitions assigned again while held: revoked first, fetched anew from their committed offsets"
-                );
-                // the application's pause outlives an unassign and assign (see pre_rebalance)
-                if let Err(error) = rdkafka::consumer::Consumer::resume(consumer, &list(&plan.again)) {
-                    tracing::debug!(%error, "partitions assigned again not resumed");
-                }
-                self.revocations.record(&list(&plan.again));
-            }
-            // a revocation's unassign is called even with nothing to name: librdkafka waits for
-            // the application's answer to each rebalance before it goes on
-            let unassign_call = !plan.assign_call || !plan.unassign.is_empty();
-            let unassigned =
-                if unassign_call { consumer.incremental_unassign(&list(&plan.unassign)) } else { Ok(()) };
-            if let Err(error) = unassigned {
-                tracing::error!(%error, partitions = ?plan.unassign, "incremental unassign refused: the member is stuck; its consumer loop stops");
-                self.revocations
-                    .refuse(format!("incremental unassign of {:?} refused: {error}", plan.unassign));
-            }
-            if plan.assign_call {
-                if let Err(error) = consumer.incremental_assign(&list(&plan.assign)) {
-                    tracing::error!(%error, partitions = ?plan.assign, "incremental assign refused: the member is stuck; its consumer loop stops");
+            let unassign = |partitions: &[PartitionKey]| {
+                if let Err(error) = consumer.incremental_unassign(&list(partitions)) {
+                    tracing::error!(%error, ?partitions, "incremental unassign refused: the member is stuck; its consumer loop stops");
                     self.revocations
-                        .refuse(format!("incremental assign of {:?} refused: {error}", plan.assign));
+                        .refuse(format!("incremental unassign of {partitions:?} refused: {error}"));
+                }
+            };
+            match RebalancePlan::new(assign, &keys(partitions), &assigned) {
+                RebalancePlan::Revoke { unassign: held, not_assigned } => {
+                    if !not_assigned.is_empty() {
+                        tracing::warn!(partitions = ?not_assigned, "revoked partitions this member did not hold");
+                    }
+                    // called even with nothing to name: librdkafka waits for the application's
+                    // answer to each rebalance before it goes on
+                    unassign(&held);
+                }
+                RebalancePlan::Assign { again, assign } => {
+                    if !again.is_empty() {
+                        tracing::warn!(
+                            partitions = ?again,
+                            "partitions assigned again while held: revoked first, fetched anew from their committed offsets"
+                        );
+                        // the application's pause outlives an unassign and assign (see pre_rebalance)
+                        if let Err(error) = rdkafka::consumer::Consumer::resume(consumer, &list(&again)) {
+                            tracing::debug!(%error, "partitions assigned again not resumed");
+                        }
+                        self.revocations.record(&list(&again));
+                        unassign(&again);
+                    }
+                    if let Err(error) = consumer.incremental_assign(&list(&assign)) {
+                        tracing::error!(%error, partitions = ?assign, "incremental assign refused: the member is stuck; its consumer loop stops");
+                        self.revocations.refuse(format!("incremental assign of {assign:?} refused: {error}"));
+                    }
                 }
             }
         }
@@ -373,18 +376,15 @@ fn list(keys: &[PartitionKey]) -> TopicPartitionList {
 }
 
 /// How one cooperative rebalance is applied, given what the consumer holds.
-#[derive(Debug, Default, PartialEq, Eq)]
-struct RebalancePlan {
-    /// Given to `incremental_unassign` (called even when empty).
-    unassign: Vec<PartitionKey>,
-    /// Given to `incremental_assign`, if `assign_call`.
-    assign: Vec<PartitionKey>,
-    assign_call: bool,
-    /// Revoked but not held: left out of the unassign, which would refuse them all.
-    not_assigned: Vec<PartitionKey>,
-    /// Assigned but already held: unassigned first and recorded as revoked, so that they are
-    /// fetched anew from their committed offsets and the records in hand are dropped.
-    again: Vec<PartitionKey>,
+#[derive(Debug, PartialEq, Eq)]
+enum RebalancePlan {
+    /// `incremental_unassign(unassign)`, called even when empty; `not_assigned` (revoked but
+    /// not held) is left out of it, which would refuse them all.
+    Revoke { unassign: Vec<PartitionKey>, not_assigned: Vec<PartitionKey> },
+    /// `incremental_assign(assign)`, after `incremental_unassign(again)` when some of it is held
+    /// already: those are recorded as revoked, so that they are fetched anew from their
+    /// committed offsets and the records in hand are dropped.
+    Assign { again: Vec<PartitionKey>, assign: Vec<PartitionKey> },
 }
 
 impl RebalancePlan {
@@ -392,15 +392,9 @@ impl RebalancePlan {
         let (in_held, not_in_held): (Vec<_>, Vec<_>) =
             partitions.iter().cloned().partition(|partition| held.contains(partition));
         if assign {
-            Self {
-                unassign: in_held.clone(),
-                assign: partitions.to_vec(),
-                assign_call: true,
-                again: in_held,
-                ..Self::default()
-            }
+            Self::Assign { again: in_held, assign: partitions.to_vec() }
         } else {
-            Self { unassign: in_held, not_assigned: not_in_held, ..Self::default() }
+            Self::Revoke { unassign: in_held, not_assigned: not_in_held }
         }
     }
 }
@@ -527,15 +521,14 @@ mod tests {
         let plan = RebalancePlan::new(false, &partitions(&[0, 1, 2]), &partitions(&[1, 2, 3]));
         assert_eq!(
             plan,
-            RebalancePlan {
-                unassign: partitions(&[1, 2]),
-                not_assigned: partitions(&[0]),
-                ..RebalancePlan::default()
-            }
+            RebalancePlan::Revoke { unassign: partitions(&[1, 2]), not_assigned: partitions(&[0]) }
         );
         let nothing_held = RebalancePlan::new(false, &partitions(&[0]), &[]);
-        assert_eq!(nothing_held.unassign, [], "still called, with nothing");
-        assert!(!nothing_held.assign_call);
+        assert_eq!(
+            nothing_held,
+            RebalancePlan::Revoke { unassign: vec![], not_assigned: partitions(&[0]) },
+            "still called, with nothing"
+        );
     }
 
     #[test]
@@ -543,18 +536,9 @@ mod tests {
         // librdkafka refuses the whole assign if one partition is already held; and a held
         // partition's fetch position is not reset by a second assign
         let plan = RebalancePlan::new(true, &partitions(&[1, 4]), &partitions(&[1, 2]));
-        assert_eq!(
-            plan,
-            RebalancePlan {
-                unassign: partitions(&[1]),
-                assign: partitions(&[1, 4]),
-                assign_call: true,
-                not_assigned: vec![],
-                again: partitions(&[1]),
-            }
-        );
+        assert_eq!(plan, RebalancePlan::Assign { again: partitions(&[1]), assign: partitions(&[1, 4]) });
         let plain = RebalancePlan::new(true, &partitions(&[3]), &partitions(&[1]));
-        assert_eq!((plain.unassign, plain.again, plain.assign), (vec![], vec![], partitions(&[3])));
+        assert_eq!(plain, RebalancePlan::Assign { again: vec![], assign: partitions(&[3]) });
     }
 
     #[test]

@@ -342,39 +342,59 @@ pub async fn records_written(args: &kafka::KafkaArgs, topic: &str) -> i64 {
 /// No quiet time window decides that the reading is over; a partition that neither delivers
 /// nor ends in 120 s fails the test.
 pub async fn read_to_end(args: &kafka::KafkaArgs, topic: &str) -> Vec<kafka::rdkafka::message::OwnedMessage> {
+    read_to_end_as(args, topic, "read_committed", Duration::from_secs(120))
+        .await
+        .unwrap_or_else(|error| panic!("{error}"))
+}
+
+/// [`read_to_end`] with `isolation` as `isolation.level` (under read_uncommitted the end is the
+/// high watermark: open and aborted transactions' records are read too) and `patience` for
+/// each record or end; what [`read_to_end`] panics on is an `Err` here.
+pub async fn read_to_end_as(
+    args: &kafka::KafkaArgs,
+    topic: &str,
+    isolation: &str,
+    patience: Duration,
+) -> Result<Vec<kafka::rdkafka::message::OwnedMessage>, String> {
     use kafka::rdkafka::consumer::Consumer;
     use kafka::rdkafka::error::KafkaError;
     use kafka::rdkafka::{Offset, TopicPartitionList};
     let mut config = kafka::config::base_consumer_settings(args, "test-reader");
     config
         .set("group.id", unique("reader"))
+        .set("isolation.level", isolation)
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true");
-    let reader: kafka::consumer::KafkaConsumer = kafka::context::create(&config).expect("reader");
-    let partitions =
-        kafka::metadata::partitions(reader.client(), topic, Duration::from_secs(30)).expect("metadata");
-    assert!(!partitions.is_empty(), "{topic} does not exist");
+    let reader: kafka::consumer::KafkaConsumer =
+        kafka::context::create(&config).map_err(|error| format!("reader: {error}"))?;
+    let partitions = kafka::metadata::partitions(reader.client(), topic, Duration::from_secs(30))
+        .map_err(|error| format!("metadata: {error}"))?;
+    if partitions.is_empty() {
+        return Err(format!("{topic} does not exist"));
+    }
     let mut assignment = TopicPartitionList::new();
     for partition in &partitions {
-        assignment.add_partition_offset(topic, *partition, Offset::Beginning).expect("offset");
+        assignment
+            .add_partition_offset(topic, *partition, Offset::Beginning)
+            .map_err(|error| error.to_string())?;
     }
-    reader.assign(&assignment).expect("assign");
+    reader.assign(&assignment).map_err(|error| format!("assign: {error}"))?;
     let mut open: std::collections::HashSet<i32> = partitions.into_iter().collect();
     let mut records = Vec::new();
     while !open.is_empty() {
-        let received = tokio::time::timeout(Duration::from_secs(120), reader.recv())
-            .await
-            .unwrap_or_else(|_| panic!("{topic}: no record nor end of partition in 120 s; open: {open:?}"));
+        let received = tokio::time::timeout(patience, reader.recv()).await.map_err(|_| {
+            format!("{topic}: no record nor end of partition in {} s; open: {open:?}", patience.as_secs())
+        })?;
         match received {
             Ok(record) => records.push(record.detach()),
             // (one reader per topic: the event names the partition only)
             Err(KafkaError::PartitionEOF(partition)) => {
                 open.remove(&partition);
             }
-            Err(error) => panic!("reading {topic}: {error}"),
+            Err(error) => return Err(format!("reading {topic}: {error}")),
         }
     }
-    records
+    Ok(records)
 }
 
 /// A client that reads a group's committed offsets and the topics' ends.

@@ -89,11 +89,8 @@ async fn open_transactions(system: &System, topic: &str, lost: &[&String]) {
         let topic = topic.to_owned();
         tokio::task::spawn_blocking(move || -> Result<Vec<(i32, i64)>, String> {
             let consumer: BaseConsumer = config.create().map_err(|error| error.to_string())?;
-            let metadata = consumer
-                .fetch_metadata(Some(&topic), Duration::from_secs(10))
+            let partitions = kafka::metadata::partitions(consumer.client(), &topic, Duration::from_secs(10))
                 .map_err(|error| error.to_string())?;
-            let partitions: Vec<i32> =
-                metadata.topics().iter().flat_map(|t| t.partitions().iter().map(|p| p.id())).collect();
             partitions
                 .into_iter()
                 .map(|partition| {
@@ -119,40 +116,24 @@ async fn open_transactions(system: &System, topic: &str, lost: &[&String]) {
             );
         }
     }
-    let mut config = kafka::config::base_consumer_settings(&system.topics.args, "chaos-uncommitted");
-    config
-        .set("isolation.level", "read_uncommitted")
-        .set("enable.partition.eof", "true")
-        .set("group.id", testkit::unique("chaos-uncommitted"));
-    let Ok(reader) = config.create::<kafka::rdkafka::consumer::StreamConsumer>() else { return };
-    let mut assignment = kafka::rdkafka::TopicPartitionList::new();
-    for (partition, _) in &high {
-        let _ = assignment.add_partition_offset(topic, *partition, kafka::rdkafka::Offset::Beginning);
-    }
-    if reader.assign(&assignment).is_err() {
-        return;
-    }
-    let mut open: std::collections::HashSet<i32> = high.iter().map(|(partition, _)| *partition).collect();
+    // (a minute for each record or end at most: this is only a diagnosis)
+    let records = match testkit::read_to_end_as(
+        &system.topics.args,
+        topic,
+        "read_uncommitted",
+        Duration::from_secs(60),
+    )
+    .await
+    {
+        Ok(records) => records,
+        Err(error) => {
+            eprintln!("[chaos] {topic}: read_uncommitted reading failed: {error}");
+            return;
+        }
+    };
     let mut found = 0usize;
-    // (a minute at most: this is only a diagnosis)
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !open.is_empty() {
-        let Ok(received) = tokio::time::timeout_at(deadline, reader.recv()).await else {
-            eprintln!("[chaos] {topic}: read_uncommitted reading unfinished after 60 s: {open:?}");
-            break;
-        };
-        let record = match received {
-            Ok(record) => record,
-            Err(kafka::rdkafka::error::KafkaError::PartitionEOF(partition)) => {
-                open.remove(&partition);
-                continue;
-            }
-            Err(error) => {
-                eprintln!("[chaos] {topic}: read_uncommitted reading failed: {error}");
-                break;
-            }
-        };
-        let text = String::from_utf8_lossy(record.payload().unwrap_or_default()).into_owned();
+    for record in &records {
+        let text = String::from_utf8_lossy(record.payload().unwrap_or_default());
         if let Some(id) = lost.iter().find(|id| text.contains(id.as_str())) {
             found += 1;
             eprintln!(

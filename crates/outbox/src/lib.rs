@@ -15,8 +15,9 @@
 //! Knows the `outbox_evento` table and nothing else of a service's schema. It owns the table's
 //! migrations ([`migrations`]), which every service's migrator carries: the article's columns
 //! plus `traceparent`/`tracestate`, the acceptance order `sequencia`, the lease
-//! `reservado_por`/`reservado_ate` and the `NOTIFY outbox_evento` insert trigger (see
-//! [`NOTIFY_CHANNEL`]).
+//! `reservado_por`/`reservado_ate`, the `NOTIFY outbox_evento` insert trigger (see
+//! [`NOTIFY_CHANNEL`]) and a fillfactor that leaves room on each page for the lease's in-place
+//! (heap-only) updates.
 //!
 //! # Guarantees
 //! At least once: a crash after the broker's acknowledgement and before the mark publishes the

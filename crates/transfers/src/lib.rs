@@ -317,6 +317,7 @@ mod migration_tests {
             (20261203000003, "859978ef3f56b8e2df40ef1eacac6ff0e62cadff3ccfae346413dad45d743c639f3cd6550242901ad83a3ba4f1d2d32e"),
             (20261203000004, "10cb8b556d5bf3d7d04b67f2084fbf74e76902710290483ee542d14c91f7a7aa4b33e8479e200fabdec54e18ad6e78f6"),
             (20261205000001, "90eaba260565a7412879872ef96b98e7679eafdf8f18e45bf9d0bf5032d5438d440cd1b2f1abfb4eb51b492c4b10dd7c"),
+            (20261206000001, "470937648d2a12b26e44394f12fbfc9f57825c9986f8fe9444e08a74ac736e15180e9cbf25dcf997f3bf55bf051df734"),
         ];
         outbox::migrations::assert_checksums(&super::MIGRATOR, &recorded);
     }

@@ -166,7 +166,10 @@ mod tests {
     #[test]
     fn the_standalone_table_has_every_migration_in_version_order() {
         let versions: Vec<i64> = STANDALONE.iter().map(|migration| migration.version).collect();
-        assert_eq!(versions, [20261203000001, 20261203000002, 20261203000003, 20261203000004, 20261206000001]);
+        assert_eq!(
+            versions,
+            [20261203000001, 20261203000002, 20261203000003, 20261203000004, 20261206000001]
+        );
         assert!(STANDALONE.iter().all(|migration| !migration.sql.contains(MARKER)));
     }
 

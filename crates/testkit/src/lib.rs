@@ -8,7 +8,8 @@
 //! - [`eventually`]: poll a condition with a deadline instead of sleeping; [`PATIENCE`], the
 //!   deadline for what must happen.
 //! - [`receive`]: the next records of a consumer, with a deadline.
-//! - Absence without a quiet time window: [`records_written`] (a topic's end offsets),
+//! - Absence without a quiet time window: [`records_written`] (a topic's end offsets; each
+//!   partition's end under either isolation level: [`partition_ends`]),
 //!   [`read_to_end`] (every committed record), [`consumed`] and [`notifications_consumed`] (a
 //!   group has committed everything written so far, so whatever it would write for it is
 //!   written), [`outbox_published`] (no outbox row left to publish, so every event it would
@@ -299,39 +300,55 @@ pub async fn stack(args: &[&str]) {
     assert!(status.success(), "scripts/stack {args:?} failed");
 }
 
-/// The number of records ever written to `topic` (the sum of its partitions' high watermarks),
-/// as the broker has it now. Taken before and after a command that must write nothing, it
-/// proves the absence without waiting: whatever the command wrote was acknowledged before it
-/// exited.
+/// How far `topic` has been written, as the broker has it now: the sum of its partitions'
+/// read_committed ends ([`partition_ends`]). Taken before and after a command that must write
+/// nothing, it proves the absence without waiting: whatever the command wrote was acknowledged
+/// before it exited. These are offsets, not records: a Kafka transaction's commit marker takes
+/// one too, and an open transaction holds the end at its first record until it ends.
 pub async fn records_written(args: &kafka::KafkaArgs, topic: &str) -> i64 {
+    let ends = partition_ends(args, topic, "read_committed", Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|error| panic!("{error}"));
+    assert!(!ends.is_empty(), "{topic} does not exist");
+    ends.into_iter().map(|(_, end)| end).sum()
+}
+
+/// Each partition of `topic` with its end as a reader of `isolation` (`isolation.level`) sees
+/// it: under `read_committed` the last stable offset (before the first record of the oldest
+/// transaction still open), under `read_uncommitted` the high watermark. A transient error of
+/// a busy broker (e.g. NotLeaderForPartition) is asked again until `patience` has passed.
+pub async fn partition_ends(
+    args: &kafka::KafkaArgs,
+    topic: &str,
+    isolation: &str,
+    patience: Duration,
+) -> Result<Vec<(i32, i64)>, String> {
     use kafka::rdkafka::consumer::{BaseConsumer, Consumer};
     let mut config = kafka::config::base_consumer_settings(args, "test-watermarks");
-    config.set("group.id", unique("watermarks"));
+    config.set("isolation.level", isolation).set("group.id", unique("watermarks"));
     let topic = topic.to_owned();
     tokio::task::spawn_blocking(move || {
         let consumer: BaseConsumer<kafka::context::Context> =
-            kafka::context::create(&config).expect("watermark reader");
-        let timeout = Duration::from_secs(30);
-        let partitions = kafka::metadata::partitions(consumer.client(), &topic, timeout).expect("metadata");
-        assert!(!partitions.is_empty(), "{topic} does not exist");
-        // a busy broker may answer a transient error (e.g. NotLeaderForPartition): ask again
-        let high = |partition: i32| {
-            let deadline = std::time::Instant::now() + timeout;
+            kafka::context::create(&config).map_err(|error| format!("watermark reader: {error}"))?;
+        let partitions = kafka::metadata::partitions(consumer.client(), &topic, patience)
+            .map_err(|error| format!("metadata of {topic}: {error}"))?;
+        let end = |partition: i32| {
+            let deadline = std::time::Instant::now() + patience;
             loop {
-                match consumer.fetch_watermarks(&topic, partition, timeout) {
-                    Ok((_, high)) => return high,
+                match consumer.fetch_watermarks(&topic, partition, patience) {
+                    Ok((_, end)) => return Ok((partition, end)),
                     Err(error) if std::time::Instant::now() < deadline => {
                         eprintln!("watermarks of {topic}/{partition}: {error}; asking again");
                         std::thread::sleep(Duration::from_millis(200));
                     }
-                    Err(error) => panic!("watermarks of {topic}/{partition}: {error}"),
+                    Err(error) => return Err(format!("watermarks of {topic}/{partition}: {error}")),
                 }
             }
         };
-        partitions.into_iter().map(high).sum()
+        partitions.into_iter().map(end).collect()
     })
     .await
-    .expect("watermark task")
+    .map_err(|error| format!("watermark task: {error}"))?
 }
 
 /// Every committed record of `topic` (read_committed), read to the end of each partition as

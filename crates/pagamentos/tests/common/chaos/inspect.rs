@@ -82,28 +82,13 @@ pub async fn diagnose(
 /// record on `topic` that only a read_uncommitted reader sees (in a transaction still open, or
 /// aborted): an outcome written but hidden, rather than never written.
 async fn open_transactions(system: &System, topic: &str, lost: &[&String]) {
-    use kafka::rdkafka::consumer::{BaseConsumer, Consumer};
-    let ends = |isolation: &'static str| {
-        let mut config = kafka::config::base_consumer_settings(&system.topics.args, "chaos-ends");
-        config.set("isolation.level", isolation).set("group.id", testkit::unique("chaos-ends"));
-        let topic = topic.to_owned();
-        tokio::task::spawn_blocking(move || -> Result<Vec<(i32, i64)>, String> {
-            let consumer: BaseConsumer = config.create().map_err(|error| error.to_string())?;
-            let partitions = kafka::metadata::partitions(consumer.client(), &topic, Duration::from_secs(10))
-                .map_err(|error| error.to_string())?;
-            partitions
-                .into_iter()
-                .map(|partition| {
-                    consumer
-                        .fetch_watermarks(&topic, partition, Duration::from_secs(10))
-                        .map(|(_, end)| (partition, end))
-                        .map_err(|error| error.to_string())
-                })
-                .collect()
-        })
-    };
-    let (stable, high) = match (ends("read_committed").await, ends("read_uncommitted").await) {
-        (Ok(Ok(stable)), Ok(Ok(high))) => (stable, high),
+    let args = &system.topics.args;
+    let patience = Duration::from_secs(10);
+    let (stable, high) = match (
+        testkit::partition_ends(args, topic, "read_committed", patience).await,
+        testkit::partition_ends(args, topic, "read_uncommitted", patience).await,
+    ) {
+        (Ok(stable), Ok(high)) => (stable, high),
         other => {
             eprintln!("[chaos] {topic}: ends unreadable: {other:?}");
             return;

@@ -13,11 +13,18 @@
 //! 3. [`mark`] the acknowledged rows published, if this instance still holds them;
 //! 4. [`release`] the rows whose send failed, so the next cycle retries them.
 //!
+//! When the next cycle starts at once (the batch was full, or a `NOTIFY` already announced new
+//! rows), step 3 rides on its claim: one statement marks this cycle's rows and leases the
+//! next ones ([`claim_and_mark`]), so a relay under steady load commits once per cycle instead
+//! of twice. Before it waits, and before it stops, the relay marks what it published on its
+//! own: no published row stays unmarked while the relay sleeps.
+//!
 //! No transaction stays open while Kafka answers: with the broker away for minutes no rows
 //! stay locked, no transaction holds back vacuum, and shutdown waits at most `shutdown_grace`
 //! for the broker (the rows without an answer are released, never marked).
 //!
-//! At least once: a crash between 2 and 3 leaves the rows leased; when the lease ends another
+//! At least once: a crash between 2 and 3 (or before the next cycle's claim that marks them)
+//! leaves the rows leased; when the lease ends another
 //! relay (or the restarted one) publishes them again with the same `eventoId`. A lease that
 //! ends while its relay is still waiting for the broker (the relay could not renew it: its
 //! database connection is gone) can also publish a row twice; consumers deduplicate by
@@ -31,8 +38,9 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use futures::stream::{FuturesUnordered, StreamExt};
+use futures::FutureExt;
 use sqlx::postgres::{PgConnectOptions, PgListener};
-use sqlx::{ConnectOptions, Connection, PgConnection, PgExecutor, PgPool};
+use sqlx::{ConnectOptions, Connection, FromRow, PgConnection, PgExecutor, PgPool, Row};
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -190,6 +198,62 @@ pub async fn claim<'e>(
     Ok(events)
 }
 
+/// Steps 3 and 1 in one statement and one commit: marks published the rows of `acknowledged`
+/// that `owner` still holds (as [`mark`]) and leases the next batch (as [`claim`], which never
+/// takes back a row of `acknowledged`: this statement's claim does not see its own marks).
+/// Returns how many it marked and the leased rows in acceptance order. The relay uses it when
+/// the next cycle starts at once (a full batch, or rows already announced): a cycle then costs
+/// one commit instead of two.
+pub async fn claim_and_mark<'e>(
+    executor: impl PgExecutor<'e>,
+    owner: Uuid,
+    limit: i64,
+    lease: Duration,
+    acknowledged: &[Uuid],
+) -> Result<(u64, Vec<PendingEvent>), Error> {
+    if acknowledged.is_empty() {
+        return Ok((0, claim(executor, owner, limit, lease).await?));
+    }
+    // every part of a WITH runs once, to completion, on one snapshot; the outer join returns
+    // one row even when nothing is leased, to carry the count of marked rows
+    let rows = sqlx::query(
+        "WITH marcado AS ( \
+           UPDATE outbox_evento SET publicado_em = clock_timestamp() \
+           WHERE id = ANY($4) AND reservado_por = $2 AND publicado_em IS NULL RETURNING 1), \
+         candidato AS ( \
+           SELECT id FROM outbox_evento AS e \
+           WHERE publicado_em IS NULL AND id <> ALL($4) \
+             AND (reservado_ate IS NULL OR reservado_ate <= now() OR reservado_por = $2) \
+             AND NOT EXISTS (SELECT 1 FROM outbox_evento AS anterior \
+                             WHERE anterior.publicado_em IS NULL AND anterior.topico = e.topico \
+                               AND anterior.chave = e.chave AND anterior.sequencia < e.sequencia \
+                               AND anterior.reservado_ate > now() AND anterior.reservado_por <> $2) \
+           ORDER BY sequencia LIMIT $1 FOR UPDATE SKIP LOCKED), \
+         reservado AS ( \
+           UPDATE outbox_evento AS e SET reservado_por = $2, reservado_ate = now() + make_interval(secs => $3) \
+           FROM candidato WHERE e.id = candidato.id \
+           RETURNING e.id, e.topico, e.chave, e.tipo, e.payload, e.traceparent, e.tracestate, e.criado_em, e.sequencia) \
+         SELECT (SELECT count(*) FROM marcado) AS marcados, reservado.* \
+         FROM (VALUES (1)) AS uma LEFT JOIN reservado ON true",
+    )
+    .bind(limit)
+    .bind(owner)
+    .bind(lease.as_secs_f64())
+    .bind(acknowledged)
+    .fetch_all(executor)
+    .await?;
+    let mut marked = 0;
+    let mut events = Vec::with_capacity(rows.len());
+    for row in &rows {
+        marked = row.try_get::<i64, _>("marcados")? as u64;
+        if row.try_get::<Option<Uuid>, _>("id")?.is_some() {
+            events.push(PendingEvent::from_row(row)?);
+        }
+    }
+    events.sort_unstable_by_key(|event| event.sequence);
+    Ok((marked, events))
+}
+
 /// Extends `owner`'s lease on the unpublished rows of `ids` to `now() + lease`; returns how many
 /// it still held.
 pub async fn renew<'e>(
@@ -323,26 +387,67 @@ impl Relay {
         connection: &mut PgConnection,
         shutdown: &CancellationToken,
     ) -> Result<Cycle, Error> {
-        let (owner, database) = (self.instance, self.options.database);
-        let events = claim(&mut *connection, owner, self.options.batch_rows_max, self.options.lease).await?;
+        let mut acknowledged = Vec::new();
+        let cycle = self.cycle_deferring_mark(connection, shutdown, &mut acknowledged).await?;
+        self.mark_acknowledged(connection, &mut acknowledged).await?;
+        Ok(cycle)
+    }
+
+    /// A cycle whose mark is left to the caller: its claim marks the previous cycle's
+    /// `acknowledged` rows in the same statement ([`claim_and_mark`]), and on return
+    /// `acknowledged` holds this cycle's, published but not yet marked. The caller marks them
+    /// with the next cycle's claim, or alone ([`Self::mark_acknowledged`]) before the relay
+    /// waits or stops: rows never stay unmarked while the relay sleeps.
+    async fn cycle_deferring_mark(
+        &self,
+        connection: &mut PgConnection,
+        shutdown: &CancellationToken,
+        acknowledged: &mut Vec<Uuid>,
+    ) -> Result<Cycle, Error> {
+        let owner = self.instance;
+        let (marked, events) = claim_and_mark(
+            &mut *connection,
+            owner,
+            self.options.batch_rows_max,
+            self.options.lease,
+            acknowledged,
+        )
+        .await?;
+        self.count_marked(acknowledged.len(), marked);
+        acknowledged.clear();
         if events.is_empty() {
             return Ok(Cycle::default());
         }
-        let acknowledged = self.deliver(connection, &events, shutdown).await;
-        let marked = mark(&mut *connection, owner, &acknowledged).await?;
-        if marked < acknowledged.len() as u64 {
-            tracing::warn!(
-                database,
-                lost = acknowledged.len() as u64 - marked,
-                "outbox lease ended before the broker answered and another relay took the rows: they are published again (consumers deduplicate by eventoId)"
-            );
-        }
+        *acknowledged = self.deliver(connection, &events, shutdown).await;
         let acknowledged_set: HashSet<&Uuid> = acknowledged.iter().collect();
         let unpublished: Vec<Uuid> =
             events.iter().map(|event| event.id).filter(|id| !acknowledged_set.contains(id)).collect();
         release(&mut *connection, owner, &unpublished).await?;
-        metrics::counter!("outbox_published_total", "database" => database).increment(marked);
         Ok(Cycle { claimed: events.len(), published: acknowledged.len() })
+    }
+
+    /// Marks the `acknowledged` rows published on their own ([`mark`]) and empties the list.
+    async fn mark_acknowledged(
+        &self,
+        connection: &mut PgConnection,
+        acknowledged: &mut Vec<Uuid>,
+    ) -> Result<(), Error> {
+        let marked = mark(&mut *connection, self.instance, acknowledged).await?;
+        self.count_marked(acknowledged.len(), marked);
+        acknowledged.clear();
+        Ok(())
+    }
+
+    fn count_marked(&self, acknowledged: usize, marked: u64) {
+        let database = self.options.database;
+        if marked < acknowledged as u64 {
+            tracing::warn!(
+                database,
+                lost = acknowledged as u64 - marked,
+                "outbox lease ended before the broker answered and another relay took the rows: they are published again (consumers deduplicate by eventoId)"
+            );
+        }
+        metrics::counter!("outbox_published_total", "database" => database).increment(marked);
     }
 
     /// [`publish`] with the lease renewed every third of its length while answers are missing,
@@ -518,11 +623,14 @@ impl Relay {
             None
         };
         let mut last_cleanup = Instant::now();
+        // published rows whose mark rides on the next cycle's claim
+        let mut acknowledged = Vec::new();
         loop {
             if shutdown.is_cancelled() {
+                self.mark_acknowledged(leader, &mut acknowledged).await?;
                 return Ok(());
             }
-            let cycle = self.cycle(leader, shutdown).await?;
+            let cycle = self.cycle_deferring_mark(leader, shutdown, &mut acknowledged).await?;
             if last_cleanup.elapsed() >= self.options.cleanup_interval {
                 let deleted = self.cleanup(leader).await?;
                 if deleted > 0 {
@@ -537,10 +645,13 @@ impl Relay {
             let pause = if cycle.published < cycle.claimed {
                 self.options.failure_backoff
             } else if self.options.drain_full_batches && cycle.claimed as i64 == self.options.batch_rows_max {
-                continue; // a full batch: more are probably waiting
+                continue; // a full batch: more are probably waiting, and the next claim marks
+            } else if announced(&mut listener)? {
+                continue; // rows were committed meanwhile: the next claim takes them and marks
             } else {
                 self.options.poll_interval
             };
+            self.mark_acknowledged(leader, &mut acknowledged).await?;
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return Ok(()),
@@ -548,6 +659,14 @@ impl Relay {
                 _ = tokio::time::sleep(pause) => {}
             }
         }
+    }
+}
+
+/// Whether a `NOTIFY` already arrived (rows committed since the last wait), without waiting.
+fn announced(listener: &mut Option<PgListener>) -> Result<bool, Error> {
+    match listener.as_mut().and_then(|listener| listener.recv().now_or_never()) {
+        Some(notification) => notification.map(|_| true).map_err(Error::from),
+        None => Ok(false),
     }
 }
 

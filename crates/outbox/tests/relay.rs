@@ -13,7 +13,7 @@ use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use outbox::relay::{claim, mark, publish, Cycle, Relay, RelayOptions};
+use outbox::relay::{claim, claim_and_mark, mark, publish, Cycle, Relay, RelayOptions};
 use testkit::{eventually, receive, unique, TestDatabase, TestTopics};
 
 struct Fixture {
@@ -497,6 +497,49 @@ async fn a_relay_that_cannot_connect_follows_its_pool_to_the_new_server() {
     .await;
     stop.cancel();
     relay.await.expect("relay stops");
+}
+
+/// The statement of a cycle that starts at once: it marks the previous cycle's acknowledged
+/// rows and leases the next ones, never taking back a row it marks (its claim does not see its
+/// own marks), and marks nothing of a row another relay has taken meanwhile.
+#[tokio::test]
+async fn a_claim_that_marks_the_previous_batch_never_takes_it_back() {
+    let fixture = fixture(1).await;
+    let pool = &fixture.database.pool;
+    let first = fixture.insert("CC-001", r#"{"n":1}"#).await;
+    let taken = fixture.insert("CC-002", r#"{"n":2}"#).await;
+    let (owner, other) = (Uuid::new_v4(), Uuid::new_v4());
+    let leased: Vec<Uuid> = claim(pool, owner, 2, Duration::from_secs(60))
+        .await
+        .expect("claim")
+        .iter()
+        .map(|event| event.id)
+        .collect();
+    assert_eq!(leased, vec![first, taken]);
+    // the second row's lease was taken over by another relay before this one's mark
+    sqlx::query("UPDATE outbox_evento SET reservado_por = $2 WHERE id = $1")
+        .bind(taken)
+        .bind(other)
+        .execute(pool)
+        .await
+        .expect("take over");
+    let later = fixture.insert("CC-001", r#"{"n":3}"#).await;
+    let (marked, next) = claim_and_mark(pool, owner, 10, Duration::from_secs(60), &[first, taken])
+        .await
+        .expect("claim and mark");
+    assert_eq!(marked, 1, "only the row this relay still held");
+    assert_eq!(next.iter().map(|event| event.id).collect::<Vec<_>>(), vec![later], "not the row it marked");
+    fixture.published_at(first).await;
+    let published: Option<OffsetDateTime> =
+        sqlx::query_scalar("SELECT publicado_em FROM outbox_evento WHERE id = $1")
+            .bind(taken)
+            .fetch_one(pool)
+            .await
+            .expect("row");
+    assert_eq!(published, None, "the other relay's row stays to that relay");
+    // nothing acknowledged: a plain claim, nothing marked
+    let (marked, next) = claim_and_mark(pool, owner, 10, Duration::from_secs(60), &[]).await.expect("claim");
+    assert_eq!((marked, next.len()), (0, 1), "its own lease on the later row");
 }
 
 /// The lease is a heap-only (HOT) update: the table keeps room on its pages

@@ -24,12 +24,12 @@
 //! for the broker (the rows without an answer are released, never marked).
 //!
 //! At least once: a crash between 2 and 3 (or before the next cycle's claim that marks them)
-//! leaves the rows leased; when the lease ends another
-//! relay (or the restarted one) publishes them again with the same `eventoId`. A lease that
-//! ends while its relay is still waiting for the broker (the relay could not renew it: its
-//! database connection is gone) can also publish a row twice; consumers deduplicate by
-//! business id. A claim never takes a row behind an earlier, still leased row of its key, so
-//! a dead relay's rows go first once their lease ends and the key's order holds.
+//! leaves the rows leased; when the lease ends another relay (or the restarted one) publishes
+//! them again with the same `eventoId`. A lease that ends while its relay is still waiting
+//! for the broker (the relay could not renew it: its database connection is gone) can also
+//! publish a row twice; consumers deduplicate by business id. A claim never takes a row behind
+//! an earlier, still leased row of its key, so a dead relay's rows go first once their lease
+//! ends and the key's order holds.
 //! Between cycles the relay sleeps until the insert trigger's `NOTIFY` (the `fast` profile) or
 //! the poll interval (the fallback, and the only wake-up of the `reference` profile).
 

@@ -175,32 +175,14 @@ pub async fn claim<'e>(
     limit: i64,
     lease: Duration,
 ) -> Result<Vec<PendingEvent>, Error> {
-    let mut events: Vec<PendingEvent> = sqlx::query_as(
-        "WITH candidato AS ( \
-           SELECT id FROM outbox_evento AS e \
-           WHERE publicado_em IS NULL \
-             AND (reservado_ate IS NULL OR reservado_ate <= now() OR reservado_por = $2) \
-             AND NOT EXISTS (SELECT 1 FROM outbox_evento AS anterior \
-                             WHERE anterior.publicado_em IS NULL AND anterior.topico = e.topico \
-                               AND anterior.chave = e.chave AND anterior.sequencia < e.sequencia \
-                               AND anterior.reservado_ate > now() AND anterior.reservado_por <> $2) \
-           ORDER BY sequencia LIMIT $1 FOR UPDATE SKIP LOCKED) \
-         UPDATE outbox_evento AS e SET reservado_por = $2, reservado_ate = now() + make_interval(secs => $3) \
-         FROM candidato WHERE e.id = candidato.id \
-         RETURNING e.id, e.topico, e.chave, e.tipo, e.payload, e.traceparent, e.tracestate, e.criado_em, e.sequencia",
-    )
-    .bind(limit)
-    .bind(owner)
-    .bind(lease.as_secs_f64())
-    .fetch_all(executor)
-    .await?;
-    events.sort_unstable_by_key(|event| event.sequence);
-    Ok(events)
+    // the one claim statement, with nothing to mark
+    Ok(claim_and_mark(executor, owner, limit, lease, &[]).await?.1)
 }
 
 /// Steps 3 and 1 in one statement and one commit: marks published the rows of `acknowledged`
-/// that `owner` still holds (as [`mark`]) and leases the next batch (as [`claim`], which never
-/// takes back a row of `acknowledged`: this statement's claim does not see its own marks).
+/// that `owner` still holds (as [`mark`]) and leases the next batch as [`claim`] describes,
+/// never taking back a row of `acknowledged` (this statement's claim does not see its own
+/// marks). With nothing acknowledged it is [`claim`]'s statement.
 /// Returns how many it marked and the leased rows in acceptance order. The relay uses it when
 /// the next cycle starts at once (a full batch, or rows already announced): a cycle then costs
 /// one commit instead of two.
@@ -211,9 +193,6 @@ pub async fn claim_and_mark<'e>(
     lease: Duration,
     acknowledged: &[Uuid],
 ) -> Result<(u64, Vec<PendingEvent>), Error> {
-    if acknowledged.is_empty() {
-        return Ok((0, claim(executor, owner, limit, lease).await?));
-    }
     // every part of a WITH runs once, to completion, on one snapshot; the outer join returns
     // one row even when nothing is leased, to carry the count of marked rows
     let rows = sqlx::query(

@@ -235,6 +235,18 @@ fn main_loads(args: &Args) -> Vec<(String, Option<u32>, Vec<String>)> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // interrupted (ctrl-c, SIGTERM), the run is dropped, and with it `pagamentos all` and the
+    // running `pagamentos loadgen` (both killed on drop): left running, they would compete with
+    // whatever is measured next on the same cores. Their databases and topics stay behind.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        result = run(args) => result,
+        _ = tokio::signal::ctrl_c() => bail!("interrupted: the services and the load generator were stopped"),
+        _ = terminate.recv() => bail!("terminated: the services and the load generator were stopped"),
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.out).with_context(|| format!("create {}", args.out.display()))?;
     let binary = match &args.pagamentos {
         Some(path) => path.clone(),

@@ -166,6 +166,7 @@ impl System {
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
+            .kill_on_drop(true)
             .spawn()
             .context("run pagamentos loadgen")?;
         let parts = Parts { pagamentos, loadgen: child.id() };

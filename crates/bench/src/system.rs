@@ -14,13 +14,13 @@ use loadgen::Report;
 
 use crate::procs::{Part, Parts};
 use crate::prom::Scrape;
+use crate::{procs, prom};
+use crate::{Args, Measured, HOPS};
 
 /// How often the sampler reads loadgen's CPU (loadgen is gone when its CPU is read at the end).
 const SAMPLE_EVERY: Duration = Duration::from_millis(250);
 /// Memory (PSS) is read every this many samples: every 2 s.
 const MEMORY_EVERY_TICKS: u64 = 8;
-use crate::{procs, prom};
-use crate::{Args, Measured, HOPS};
 
 fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())

@@ -595,7 +595,7 @@ async fn heap_blocks_read(tx: &mut sqlx::PgConnection) -> i64 {
 /// once per row they take. Planned from those statistics, the per-key check once read every
 /// pending row for every candidate, and the marks scanned every pending row to find their ids:
 /// a claim of 1 000 rows behind 20 000 took 7.2 s, so a relay met a backlog after an outage
-/// at a crawl (#28). Here the claim read ~1.5 million heap blocks that way.
+/// at a crawl (#28). Here the old statement's claim read 183 846 heap blocks, the new one 3 545.
 #[tokio::test]
 async fn a_claim_behind_a_backlog_reads_each_pending_row_a_few_times_whatever_the_statistics() {
     const PUBLISHED: usize = 6_000;

@@ -33,6 +33,24 @@ async fn fixture(partitions: i32) -> Fixture {
 }
 
 impl Fixture {
+    /// Writes one `TransferenciaSolicitada` row per key, all with `payload`, in the caller's
+    /// open transaction (one statement).
+    async fn insert_keys(&self, connection: &mut sqlx::PgConnection, keys: &[String], payload: &str) {
+        let events: Vec<outbox::NewEvent<'_>> = keys
+            .iter()
+            .map(|key| outbox::NewEvent {
+                id: Uuid::new_v4(),
+                topic: &self.topic,
+                key,
+                event_type: "TransferenciaSolicitada",
+                payload,
+                traceparent: None,
+                tracestate: None,
+            })
+            .collect();
+        outbox::insert_many(connection, &events).await.expect("insert");
+    }
+
     async fn insert(&self, key: &str, payload: &str) -> Uuid {
         let id = Uuid::new_v4();
         let mut tx = self.database.pool.begin().await.expect("begin");
@@ -553,19 +571,7 @@ async fn a_claim_leases_its_rows_in_place_without_touching_the_indexes() {
     let mut tx = fixture.database.pool.begin().await.expect("begin");
     let keys: Vec<String> = (0..500).map(|n| format!("CC-{:03}", n % 100)).collect();
     let payload = format!(r#"{{"descricao":"{}"}}"#, "x".repeat(300));
-    let events: Vec<outbox::NewEvent<'_>> = keys
-        .iter()
-        .map(|key| outbox::NewEvent {
-            id: Uuid::new_v4(),
-            topic: &fixture.topic,
-            key,
-            event_type: "TransferenciaSolicitada",
-            payload: &payload,
-            traceparent: None,
-            tracestate: None,
-        })
-        .collect();
-    outbox::insert_many(&mut tx, &events).await.expect("insert");
+    fixture.insert_keys(&mut tx, &keys, &payload).await;
     let leased = claim(&mut *tx, Uuid::new_v4(), 500, Duration::from_secs(60)).await.expect("claim");
     assert_eq!(leased.len(), 500);
     // this transaction's own counts: no wait for the statistics collector
@@ -611,25 +617,10 @@ async fn a_claim_behind_a_backlog_reads_each_pending_row_a_few_times_whatever_th
     let payload = format!(r#"{{"descricao":"{}"}}"#, "x".repeat(300));
     let insert = |count: usize| {
         let keys: Vec<String> = (0..count).map(|n| format!("CC-{:03}", n % 300)).collect();
-        let payload = payload.clone();
-        let topic = fixture.topic.clone();
+        let (fixture, payload) = (&fixture, &payload);
         async move {
             let mut tx = pool.begin().await.expect("begin");
-            for chunk in keys.chunks(1_000) {
-                let events: Vec<outbox::NewEvent<'_>> = chunk
-                    .iter()
-                    .map(|key| outbox::NewEvent {
-                        id: Uuid::new_v4(),
-                        topic: &topic,
-                        key,
-                        event_type: "TransferenciaSolicitada",
-                        payload: &payload,
-                        traceparent: None,
-                        tracestate: None,
-                    })
-                    .collect();
-                outbox::insert_many(&mut tx, &events).await.expect("insert");
-            }
+            fixture.insert_keys(&mut tx, &keys, payload).await;
             tx.commit().await.expect("commit");
         }
     };

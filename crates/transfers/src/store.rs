@@ -122,6 +122,11 @@ pub async fn create(pool: &PgPool, new: &NewTransfer) -> Result<Created, StoreEr
 /// again) unless the connection broke; [`StoreError::OutcomeUnknown`]: the connection broke
 /// during `COMMIT`, so the batch may be written or not.
 ///
+/// The batch costs the same four round trips as one transfer: one statement claims the keys
+/// and inserts the transfers of every request whose key is free (or that has none), one inserts
+/// their events. A request whose key it could not claim costs a few statements more, alone (see
+/// [`resolve_held_key`]).
+///
 /// A key is claimed under a transaction-scoped advisory lock on (scope, key), taken without
 /// waiting: a request that finds it held answers `409` at once (the other request is in
 /// flight), and a request holding it never waits on another's uncommitted claim. Two requests
@@ -131,23 +136,20 @@ pub async fn create_batch(
     batch: &[&NewTransfer],
 ) -> Result<Vec<Result<Created, StoreError>>, StoreError> {
     let mut tx = pool.begin().await?;
-    let mut answers = Vec::with_capacity(batch.len());
-    for new in batch {
-        match create_in(&mut tx, new).await {
-            Ok(answer) => answers.push(answer),
-            Err(error) => {
-                // ended here, not left to the drop: a dropped transaction is only queued for
-                // rollback (or its connection closed), and until the server has ended it, it
-                // keeps the advisory locks of the keys it claimed. The writer retries these
-                // requests one by one, on other connections: they would find their own keys
-                // "in flight" (seen once in a full test run, on a loaded machine)
-                if let Err(rollback) = tx.rollback().await {
-                    tracing::debug!(error = %rollback, "rolling back a failed batch of transfers");
-                }
-                return Err(error);
+    let answers = match create_all(&mut tx, batch).await {
+        Ok(answers) => answers,
+        Err(error) => {
+            // ended here, not left to the drop: a dropped transaction is only queued for
+            // rollback (or its connection closed), and until the server has ended it, it
+            // keeps the advisory locks of the keys it claimed. The writer retries these
+            // requests one by one, on other connections: they would find their own keys
+            // "in flight" (seen once in a full test run, on a loaded machine)
+            if let Err(rollback) = tx.rollback().await {
+                tracing::debug!(error = %rollback, "rolling back a failed batch of transfers");
             }
+            return Err(error);
         }
-    }
+    };
     tx.commit().await.map_err(commit_failed)?;
     Ok(answers)
 }
@@ -163,22 +165,89 @@ fn commit_failed(error: sqlx::Error) -> StoreError {
     }
 }
 
-/// One transfer in `tx`. The outer `Err` fails the transaction; the inner one refuses this
-/// request alone (its key is reused, in flight, or points nowhere).
-async fn create_in(
+/// A transfer inserted in this transaction, with its event's id and payload (not written yet).
+struct Accepted {
+    transfer: Transfer,
+    event: (Uuid, String),
+}
+
+/// Every transfer of `batch` in `tx`, answers in `batch`'s order. The outer `Err` fails the
+/// transaction; an inner one refuses that request alone (its key is reused, in flight, or points
+/// nowhere).
+async fn create_all(
+    tx: &mut Transaction<'_, Postgres>,
+    batch: &[&NewTransfer],
+) -> Result<Vec<Result<Created, StoreError>>, StoreError> {
+    // a key's first request in the batch claims it with the others; a later one is resolved
+    // below, after that claim, as if it came in a batch of its own after it
+    let mut keys = std::collections::HashSet::new();
+    let (claims, repeats): (Vec<usize>, Vec<usize>) = (0..batch.len())
+        .partition(|&index| batch[index].key.as_ref().is_none_or(|key| keys.insert((&key.scope, &key.key))));
+    let claimed: Vec<&NewTransfer> = claims.iter().map(|&index| batch[index]).collect();
+    let mut answers: Vec<Option<Result<Created, StoreError>>> = batch.iter().map(|_| None).collect();
+    let mut accepted = Vec::with_capacity(claims.len());
+    for (index, inserted) in claims.iter().copied().zip(insert_transfers(tx, &claimed).await?) {
+        if let Some(Accepted { transfer, event }) = inserted {
+            answers[index] = Some(Ok(Created::New(transfer)));
+            accepted.push((index, event));
+        }
+    }
+    // requests whose key was not claimed above, in order: first claims first, then repeats
+    let unclaimed: Vec<usize> =
+        claims.into_iter().filter(|&index| answers[index].is_none()).chain(repeats).collect();
+    for index in unclaimed {
+        let key = batch[index].key.as_ref().expect("a request without a key is always inserted");
+        answers[index] = Some(match resolve_held_key(tx, batch[index], key).await? {
+            Ok(Resolved::Inserted(Accepted { transfer, event })) => {
+                accepted.push((index, event));
+                Ok(Created::New(transfer))
+            }
+            Ok(Resolved::Replayed(transfer)) => Ok(Created::Replayed(transfer)),
+            Err(refused) => Err(refused),
+        });
+    }
+    let events: Vec<outbox::NewEvent<'_>> = accepted
+        .iter()
+        .map(|(index, (event_id, payload))| {
+            let NewTransfer { request, target, .. } = batch[*index];
+            outbox::NewEvent {
+                id: *event_id,
+                topic: &target.topic,
+                key: request.source_account.as_str(),
+                event_type: EventType::TransferRequested.as_str(),
+                payload,
+                traceparent: target.traceparent.as_deref(),
+                tracestate: target.tracestate.as_deref(),
+            }
+        })
+        .collect();
+    outbox::insert_many(tx, &events).await?;
+    Ok(answers.into_iter().map(|answer| answer.expect("every request answered")).collect())
+}
+
+/// What [`resolve_held_key`] found.
+enum Resolved {
+    /// The key was free after all (expired and deleted, or deleted by the cleanup): claimed now.
+    Inserted(Accepted),
+    /// The key's transfer, for a replay of the request that created it.
+    Replayed(Transfer),
+}
+
+/// A request whose key [`insert_transfers`] could not claim: the key is committed (a replay, a
+/// misuse, or expired), held by a transaction in flight, or was claimed by an earlier request
+/// of this transaction. An expired key found in the way is deleted and the claim retried once;
+/// so is a key that the expired-key cleanup deleted between the claim and the look at what was
+/// in its way.
+async fn resolve_held_key(
     tx: &mut Transaction<'_, Postgres>,
     new: &NewTransfer,
-) -> Result<Result<Created, StoreError>, StoreError> {
-    let NewTransfer { request, key, target } = new;
-    let Some(key) = key else {
-        let transfer = insert_transfer(tx, request, None, target).await?;
-        return Ok(Ok(Created::New(transfer.expect("without a key the transfer is always inserted"))));
-    };
-    // an expired key found in the way is deleted and the claim retried once; so is a key that
-    // the expired-key cleanup deleted between the claim and the look at what was in its way
-    for _ in 0..2 {
-        if let Some(transfer) = insert_transfer(tx, request, Some(key), target).await? {
-            return Ok(Ok(Created::New(transfer)));
+    key: &IdempotencyKey,
+) -> Result<Result<Resolved, StoreError>, StoreError> {
+    for attempt in 0..2 {
+        if attempt > 0 {
+            if let Some(inserted) = insert_transfers(tx, &[new]).await?.pop().flatten() {
+                return Ok(Ok(Resolved::Inserted(inserted)));
+            }
         }
         let held: Option<(String, Uuid, bool)> = sqlx::query_as(
             "SELECT hash_requisicao, transferencia_id, expira_em <= now() FROM chave_idempotencia \
@@ -212,7 +281,7 @@ async fn create_in(
                     return Ok(Err(Refusal::KeyReused.into()));
                 }
                 let transfer = find(&mut **tx, transfer_id).await?;
-                return Ok(transfer.map(Created::Replayed).ok_or(StoreError::KeyWithoutTransfer));
+                return Ok(transfer.map(Resolved::Replayed).ok_or(StoreError::KeyWithoutTransfer));
             }
         }
     }
@@ -230,69 +299,73 @@ async fn key_lock(tx: &mut Transaction<'_, Postgres>, key: &IdempotencyKey) -> R
     Ok(locked)
 }
 
-/// Inserts the transfer and its outbox event; with a key, only if this request claims it (in
-/// the same statement as the transfer): `None` when the key is taken or its lock held.
-async fn insert_transfer(
+/// Inserts, in one statement, the transfer of every request in `requests` that has no key or
+/// claims its key (the key's row in the same statement): `None` for a request whose key is
+/// taken (committed, or claimed earlier in this transaction) or whose lock another transaction
+/// holds. The keys of `requests` must differ. The events are built, not written.
+async fn insert_transfers(
     tx: &mut Transaction<'_, Postgres>,
-    request: &TransferRequest,
-    key: Option<&IdempotencyKey>,
-    target: &EventTarget,
-) -> Result<Option<Transfer>, StoreError> {
-    let id = Uuid::new_v4();
+    requests: &[&NewTransfer],
+) -> Result<Vec<Option<Accepted>>, StoreError> {
+    let ids: Vec<Uuid> = requests.iter().map(|_| Uuid::new_v4()).collect();
     // microseconds, as PostgreSQL stores them: the event's criadaEm equals the row's criada_em
-    let created_at = Timestamp::now();
-    let columns = "INSERT INTO transferencia \
-                   (id, conta_origem, conta_destino, valor_centavos, moeda, status, criada_em, atualizada_em)";
-    let sql = match key {
-        None => format!("{columns} VALUES ($1, $2, $3, $4, $5, $6, $7, $7) {RETURNING_TRANSFER}"),
-        // every claim of a key holds its lock first, so ON CONFLICT only ever meets a committed
-        // row and never waits; the lock lasts until this transaction ends
-        Some(_) => format!(
-            "WITH trava AS (SELECT pg_try_advisory_xact_lock(hashtext($8), hashtext($9)) AS livre), \
-             chave AS ( \
-               INSERT INTO chave_idempotencia (escopo, chave, hash_requisicao, transferencia_id, expira_em) \
-               SELECT $8, $9, $10, $1, now() + make_interval(secs => $11) FROM trava WHERE livre \
-               ON CONFLICT DO NOTHING RETURNING transferencia_id) \
-             {columns} SELECT transferencia_id, $2, $3, $4, $5, $6, $7, $7 FROM chave {RETURNING_TRANSFER}"
-        ),
-    };
-    let mut query = sqlx::query_as(&sql)
-        .bind(id)
-        .bind(request.source_account.as_str())
-        .bind(request.destination_account.as_str())
-        .bind(request.amount_cents.get())
-        .bind(request.currency.as_str())
-        .bind(Status::Pending.as_str())
-        .bind(created_at.as_offset_date_time());
-    if let Some(key) = key {
-        query = query.bind(&key.scope).bind(&key.key).bind(&key.fingerprint).bind(key.ttl.as_secs_f64());
-    }
-    let transfer: Option<Transfer> = query.fetch_optional(&mut **tx).await?;
-    let Some(transfer) = transfer else { return Ok(None) };
-    let event = TransferRequested {
-        event_id: Uuid::new_v4(),
-        transfer_id: id,
-        source_account: request.source_account.clone(),
-        destination_account: request.destination_account.clone(),
-        amount_cents: request.amount_cents,
-        currency: request.currency.clone(),
-        created_at,
-    };
-    let payload = serde_json::to_string(&event).map_err(StoreError::Encode)?;
-    outbox::insert(
-        tx,
-        &outbox::NewEvent {
-            id: event.event_id,
-            topic: &target.topic,
-            key: request.source_account.as_str(),
-            event_type: EventType::TransferRequested.as_str(),
-            payload: &payload,
-            traceparent: target.traceparent.as_deref(),
-            tracestate: target.tracestate.as_deref(),
-        },
-    )
+    let created_at: Vec<Timestamp> = requests.iter().map(|_| Timestamp::now()).collect();
+    let keys = requests.iter().map(|new| new.key.as_ref());
+    // every claim of a key holds its lock first, so ON CONFLICT only ever meets a committed row
+    // (or one this transaction wrote) and never waits; the lock lasts until this transaction
+    // ends. `novo` is materialized: each lock is tried once
+    let inserted: Vec<Transfer> = sqlx::query_as(&format!(
+        "WITH novo AS MATERIALIZED ( \
+           SELECT n.*, CASE WHEN n.escopo IS NULL THEN true \
+                       ELSE pg_try_advisory_xact_lock(hashtext(n.escopo), hashtext(n.chave)) END AS livre \
+           FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int8[], $5::text[], $6::timestamptz[], \
+                       $7::text[], $8::text[], $9::text[], $10::float8[]) \
+                AS n(id, conta_origem, conta_destino, valor_centavos, moeda, criada_em, \
+                     escopo, chave, hash_requisicao, ttl_segundos)), \
+         chave AS ( \
+           INSERT INTO chave_idempotencia (escopo, chave, hash_requisicao, transferencia_id, expira_em) \
+           SELECT escopo, chave, hash_requisicao, id, now() + make_interval(secs => ttl_segundos) \
+           FROM novo WHERE escopo IS NOT NULL AND livre \
+           ON CONFLICT DO NOTHING RETURNING transferencia_id) \
+         INSERT INTO transferencia \
+           (id, conta_origem, conta_destino, valor_centavos, moeda, status, criada_em, atualizada_em) \
+         SELECT id, conta_origem, conta_destino, valor_centavos, moeda, $11, criada_em, criada_em FROM novo \
+         WHERE escopo IS NULL OR id IN (SELECT transferencia_id FROM chave) {RETURNING_TRANSFER}"
+    ))
+    .bind(&ids)
+    .bind(requests.iter().map(|new| new.request.source_account.as_str()).collect::<Vec<_>>())
+    .bind(requests.iter().map(|new| new.request.destination_account.as_str()).collect::<Vec<_>>())
+    .bind(requests.iter().map(|new| new.request.amount_cents.get()).collect::<Vec<_>>())
+    .bind(requests.iter().map(|new| new.request.currency.as_str()).collect::<Vec<_>>())
+    .bind(created_at.iter().map(|at| at.as_offset_date_time()).collect::<Vec<_>>())
+    .bind(keys.clone().map(|key| key.map(|key| key.scope.as_str())).collect::<Vec<_>>())
+    .bind(keys.clone().map(|key| key.map(|key| key.key.as_str())).collect::<Vec<_>>())
+    .bind(keys.clone().map(|key| key.map(|key| key.fingerprint.as_str())).collect::<Vec<_>>())
+    .bind(keys.map(|key| key.map(|key| key.ttl.as_secs_f64())).collect::<Vec<_>>())
+    .bind(Status::Pending.as_str())
+    .fetch_all(&mut **tx)
     .await?;
-    Ok(Some(transfer))
+    let mut inserted: std::collections::HashMap<Uuid, Transfer> =
+        inserted.into_iter().map(|transfer| (transfer.id, transfer)).collect();
+    requests
+        .iter()
+        .zip(ids.iter().zip(created_at))
+        .map(|(new, (id, created_at))| {
+            let Some(transfer) = inserted.remove(id) else { return Ok(None) };
+            let request = &new.request;
+            let event = TransferRequested {
+                event_id: Uuid::new_v4(),
+                transfer_id: *id,
+                source_account: request.source_account.clone(),
+                destination_account: request.destination_account.clone(),
+                amount_cents: request.amount_cents,
+                currency: request.currency.clone(),
+                created_at,
+            };
+            let payload = serde_json::to_string(&event).map_err(StoreError::Encode)?;
+            Ok(Some(Accepted { transfer, event: (event.event_id, payload) }))
+        })
+        .collect()
 }
 
 /// The transfer `id`, read through `executor` (the pool, or an open transaction that may hold

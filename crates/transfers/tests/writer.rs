@@ -166,3 +166,107 @@ async fn with_the_writers_stuck_a_full_queue_refuses_at_once_instead_of_waiting(
     let problem = web::ApiError::from(StoreError::WriterBusy);
     assert!(matches!(problem, web::ApiError::Overloaded { retry_after_s: 1, .. }), "{problem:?}");
 }
+
+#[tokio::test]
+async fn a_group_commit_inserts_its_transfers_with_one_statement_and_their_events_with_another() {
+    let database = TestDatabase::create(&transfers::MIGRATOR).await;
+    // a statement-level trigger counts the INSERT statements on each table
+    sqlx::raw_sql(
+        "CREATE TABLE insercoes (tabela text PRIMARY KEY, comandos int NOT NULL); \
+         CREATE FUNCTION conta_insercao() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+           INSERT INTO insercoes VALUES (TG_TABLE_NAME, 1) \
+             ON CONFLICT (tabela) DO UPDATE SET comandos = insercoes.comandos + 1; RETURN NULL; END $$; \
+         CREATE TRIGGER conta_insercao AFTER INSERT ON transferencia \
+           FOR EACH STATEMENT EXECUTE FUNCTION conta_insercao(); \
+         CREATE TRIGGER conta_insercao AFTER INSERT ON chave_idempotencia \
+           FOR EACH STATEMENT EXECUTE FUNCTION conta_insercao(); \
+         CREATE TRIGGER conta_insercao AFTER INSERT ON outbox_evento \
+           FOR EACH STATEMENT EXECUTE FUNCTION conta_insercao();",
+    )
+    .execute(&database.pool)
+    .await
+    .expect("counting triggers");
+    let batch: Vec<NewTransfer> =
+        (0..50).map(|n| transfer(n + 1, (n % 5 != 0).then(|| format!("batch-{n}")).as_deref())).collect();
+    let answers = writer::write_batch(&database.pool, &batch.iter().collect::<Vec<_>>()).await;
+    assert!(answers.iter().all(|answer| matches!(answer, Ok(Created::New(_)))), "{answers:?}");
+    let statements: Vec<(String, i32)> =
+        sqlx::query_as("SELECT tabela, comandos FROM insercoes ORDER BY tabela")
+            .fetch_all(&database.pool)
+            .await
+            .expect("counts");
+    let expected = [("chave_idempotencia", 1), ("outbox_evento", 1), ("transferencia", 1)]
+        .map(|(t, n)| (t.to_owned(), n));
+    assert_eq!(statements, expected, "INSERT statements per table for a batch of 50");
+    assert_eq!(count(&database, "transferencia").await, 50);
+    assert_eq!(count(&database, "chave_idempotencia").await, 40);
+    // each event is its transfer's, in the batch's order
+    let events: Vec<(uuid::Uuid, i64)> = sqlx::query_as(
+        "SELECT (payload::json->>'transferenciaId')::uuid, (payload::json->>'valorEmCentavos')::bigint \
+         FROM outbox_evento ORDER BY sequencia",
+    )
+    .fetch_all(&database.pool)
+    .await
+    .expect("events");
+    let created: Vec<(uuid::Uuid, i64)> = answers
+        .iter()
+        .map(|answer| match answer {
+            Ok(Created::New(transfer)) => (transfer.id, transfer.amount_cents.get()),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(events, created);
+}
+
+#[tokio::test]
+async fn in_one_batch_keys_held_elsewhere_expired_or_repeated_are_each_answered_as_alone() {
+    let database = TestDatabase::create(&transfers::MIGRATOR).await;
+    // committed before the batch: a key to replay, one to misuse, one expired
+    let before = [transfer(10, Some("replay")), transfer(20, Some("misuse")), transfer(30, Some("expired"))];
+    let earlier = writer::write_batch(&database.pool, &before.iter().collect::<Vec<_>>()).await;
+    sqlx::query(
+        "UPDATE chave_idempotencia SET expira_em = now() - interval '1 second' WHERE chave = 'expired'",
+    )
+    .execute(&database.pool)
+    .await
+    .expect("expire");
+    // a request in flight elsewhere holds this key's lock
+    let mut other = database.pool.begin().await.expect("begin");
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('anonimo'), hashtext('in-flight'))")
+        .execute(&mut *other)
+        .await
+        .expect("lock");
+    let batch = [
+        transfer(10, Some("replay")),
+        transfer(21, Some("misuse")),
+        transfer(31, Some("expired")),
+        transfer(31, Some("expired")), // the request just above again: its replay
+        transfer(40, Some("in-flight")),
+        transfer(50, Some("fresh")),
+        transfer(51, Some("fresh")), // the key just above with another request
+        transfer(60, None),
+    ];
+    let answers = writer::write_batch(&database.pool, &batch.iter().collect::<Vec<_>>()).await;
+    other.rollback().await.expect("rollback");
+    assert!(matches!(&answers[0], Ok(Created::Replayed(t)) if t.id == id(&earlier[0])), "{:?}", answers[0]);
+    assert!(matches!(answers[1], Err(StoreError::Refused(Refusal::KeyReused))), "{:?}", answers[1]);
+    assert!(matches!(&answers[2], Ok(Created::New(t)) if t.id != id(&earlier[2])), "{:?}", answers[2]);
+    assert!(matches!(&answers[3], Ok(Created::Replayed(t)) if t.id == id(&answers[2])), "{:?}", answers[3]);
+    assert!(matches!(answers[4], Err(StoreError::Refused(Refusal::KeyInFlight))), "{:?}", answers[4]);
+    assert!(matches!(answers[5], Ok(Created::New(_))), "{:?}", answers[5]);
+    assert!(matches!(answers[6], Err(StoreError::Refused(Refusal::KeyReused))), "{:?}", answers[6]);
+    assert!(matches!(answers[7], Ok(Created::New(_))), "{:?}", answers[7]);
+    // three before, three now (the expired key's, the fresh key's, the keyless one), one event each
+    assert_eq!(count(&database, "transferencia").await, 6);
+    assert_eq!(count(&database, "outbox_evento").await, 6);
+    let events: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox_evento o JOIN transferencia t ON t.id = (o.payload::json->>'transferenciaId')::uuid",
+    )
+    .fetch_one(&database.pool)
+    .await
+    .expect("events");
+    assert_eq!(events, 6, "every event names its transfer");
+    // the key in flight was not taken: free once the other request has gone
+    let later = writer::write_batch(&database.pool, &[&transfer(40, Some("in-flight"))]).await;
+    assert!(matches!(later[0], Ok(Created::New(_))), "{:?}", later[0]);
+}

@@ -19,8 +19,8 @@ use crate::{Args, Measured, HOPS};
 
 /// How often the sampler reads loadgen's CPU (loadgen is gone when its CPU is read at the end).
 const SAMPLE_EVERY: Duration = Duration::from_millis(250);
-/// Memory (PSS) is read every this many samples: every 2 s.
-const MEMORY_EVERY_TICKS: u64 = 8;
+/// Memory (PSS) is read every this many samples (every 10 s), and once more at the load's end.
+const MEMORY_EVERY_TICKS: u64 = 40;
 
 fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
@@ -172,19 +172,24 @@ impl System {
         let parts = Parts { pagamentos, loadgen: child.id() };
 
         // peak memory of each part, and loadgen's CPU as last seen (it is gone at the end).
-        // Memory is read every 2 s only: a PSS reading walks the page tables of every process
-        // measured (the JVM's heap among them), and at every 250 ms it cost this driver a fifth
-        // of a core, taken from the two the system under test runs on (docs/benchmarks.md)
+        // Memory is read every 10 s and at the end only: a PSS reading walks the page tables of
+        // every process measured (the JVM's heap, every PostgreSQL backend's view of the shared
+        // buffers), and every 250 ms it cost this driver a fifth of a core, every 2 s still 3 %
+        // of the machine, taken from the two cores the system under test runs on
+        // (docs/benchmarks.md)
         let (stop_sampling, mut stopped) = tokio::sync::watch::channel(false);
         let sampler = tokio::spawn(async move {
             let mut peak: BTreeMap<Part, u64> = BTreeMap::new();
             let mut loadgen_ticks = 0;
+            let read_memory = |peak: &mut BTreeMap<Part, u64>| {
+                for (part, kib) in parts.memory() {
+                    let slot = peak.entry(part).or_default();
+                    *slot = (*slot).max(kib);
+                }
+            };
             for tick in 0u64.. {
                 if tick % MEMORY_EVERY_TICKS == 0 {
-                    for (part, kib) in parts.memory() {
-                        let slot = peak.entry(part).or_default();
-                        *slot = (*slot).max(kib);
-                    }
+                    read_memory(&mut peak);
                 }
                 loadgen_ticks = loadgen_ticks.max(parts.loadgen_ticks());
                 tokio::select! {
@@ -192,6 +197,8 @@ impl System {
                     () = tokio::time::sleep(SAMPLE_EVERY) => {}
                 }
             }
+            // at the end of the load (loadgen gone; its peak was read while it ran)
+            read_memory(&mut peak);
             (peak, loadgen_ticks)
         });
         let output = child.wait_with_output().await.context("run pagamentos loadgen")?;

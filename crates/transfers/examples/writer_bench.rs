@@ -8,7 +8,8 @@
 //! `callers` (default 256) tasks each create transfers one after another through one
 //! `Writer::batched`, every request with its own Idempotency-Key (as `pagamentos loadgen` sends
 //! them), over 1 000 accounts, for `seconds` (default 15) after a 3 s warm-up, in a fresh
-//! database. Prints one JSON line: transfers per second, the mean batch, and the machine's CPU
+//! database. Prints one JSON line: transfers per second, the mean batch (transfers per commit in
+//! the bench's database, which its own two statistics reads add to), and the machine's CPU
 //! per transfer (every process's, from `/proc/stat`, so run it with nothing else busy): this
 //! process's writer tasks and PostgreSQL's backends together.
 

@@ -650,3 +650,47 @@ async fn a_claim_behind_a_backlog_reads_each_pending_row_a_few_times_whatever_th
         "the mark and claim read {mark_and_claim_reads} heap blocks (bound {bound})"
     );
 }
+
+/// A cycle's mark rides on the next cycle's claim; a relay stopped while it drains has no next
+/// claim, so it writes the mark on its own before it returns. Without that, the rows of its last
+/// batch would be in the topic yet pending, and published again by the next relay.
+#[tokio::test]
+async fn a_relay_stopped_mid_drain_marks_every_row_the_broker_acknowledged_before_it_returns() {
+    const ROWS: i64 = 10_000;
+    let fixture = fixture(1).await;
+    let keys: Vec<String> = (0..ROWS).map(|n| format!("CC-{:03}", n % 100)).collect();
+    let mut connection = fixture.database.pool.acquire().await.expect("connection");
+    fixture.insert_keys(&mut connection, &keys, r#"{"n":1}"#).await;
+    drop(connection);
+    let mut options = RelayOptions::fast("test");
+    options.batch_rows_max = 10; // a thousand cycles to drain, each marking the previous one
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(fixture.relay(options).run(shutdown.clone()));
+    eventually("the relay marks its first batches", testkit::PATIENCE, || async {
+        (fixture.pending().await < ROWS).then_some(())
+    })
+    .await;
+    shutdown.cancel();
+    relay.await.expect("relay stops");
+    let pending = fixture.pending().await;
+    assert!(pending > 0, "the relay drained every row before it was stopped: nothing was tested");
+
+    let records = testkit::read_to_end(&fixture.topics.args, &fixture.topic).await;
+    let in_topic: std::collections::HashSet<String> = records.iter().map(event_id).collect();
+    assert_eq!(records.len(), in_topic.len(), "a row published twice");
+    let marked: std::collections::HashSet<String> =
+        sqlx::query_scalar::<_, Uuid>("SELECT id FROM outbox_evento WHERE publicado_em IS NOT NULL")
+            .fetch_all(&fixture.database.pool)
+            .await
+            .expect("marked")
+            .iter()
+            .map(Uuid::to_string)
+            .collect();
+    let unmarked: Vec<&String> = in_topic.difference(&marked).collect();
+    assert!(
+        unmarked.is_empty(),
+        "{} rows in the topic still pending after the relay stopped",
+        unmarked.len()
+    );
+    assert_eq!(in_topic.len() as i64, ROWS - pending, "every marked row is in the topic");
+}

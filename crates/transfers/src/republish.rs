@@ -49,8 +49,8 @@ pub async fn find_all(pool: &PgPool, ids: &[Uuid]) -> Result<Vec<Transfer>, Stor
     Ok(ids.iter().filter_map(|id| found.iter().find(|transfer| transfer.id == *id).cloned()).collect())
 }
 
-/// The `TransferenciaSolicitada` of `transfer`, as it was written when it was accepted, with
-/// the `eventoId` `event_id`.
+/// The `TransferenciaSolicitada` of `transfer`, with the `eventoId` `event_id`: the event
+/// [`crate::store::create_batch`] writes when it accepts the transfer, built from its row.
 pub fn request_event(transfer: &Transfer, event_id: Uuid) -> TransferRequested {
     TransferRequested {
         event_id,

@@ -7,7 +7,7 @@ use sqlx::{PgPool, Postgres, Transaction};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use contracts::{AccountId, Cents, Currency, EventType, Timestamp, TransferRequested, TransferStatus};
+use contracts::{AccountId, Cents, Currency, EventType, Timestamp, TransferStatus};
 
 use crate::domain::{Status, TransferRequest};
 
@@ -308,8 +308,10 @@ async fn insert_transfers(
     requests: &[&NewTransfer],
 ) -> Result<Vec<Option<Accepted>>, StoreError> {
     let ids: Vec<Uuid> = requests.iter().map(|_| Uuid::new_v4()).collect();
-    // microseconds, as PostgreSQL stores them: the event's criadaEm equals the row's criada_em
-    let created_at: Vec<Timestamp> = requests.iter().map(|_| Timestamp::now()).collect();
+    // microseconds, as PostgreSQL stores them; each event is built from its row as returned
+    // ([`crate::republish::request_event`]), so its criadaEm is the row's criada_em
+    let created_at: Vec<OffsetDateTime> =
+        requests.iter().map(|_| Timestamp::now().as_offset_date_time()).collect();
     let keys = requests.iter().map(|new| new.key.as_ref());
     // every claim of a key holds its lock first, so ON CONFLICT only ever meets a committed row
     // (or one this transaction wrote) and never waits; the lock lasts until this transaction
@@ -337,7 +339,7 @@ async fn insert_transfers(
     .bind(requests.iter().map(|new| new.request.destination_account.as_str()).collect::<Vec<_>>())
     .bind(requests.iter().map(|new| new.request.amount_cents.get()).collect::<Vec<_>>())
     .bind(requests.iter().map(|new| new.request.currency.as_str()).collect::<Vec<_>>())
-    .bind(created_at.iter().map(|at| at.as_offset_date_time()).collect::<Vec<_>>())
+    .bind(&created_at)
     .bind(keys.clone().map(|key| key.map(|key| key.scope.as_str())).collect::<Vec<_>>())
     .bind(keys.clone().map(|key| key.map(|key| key.key.as_str())).collect::<Vec<_>>())
     .bind(keys.clone().map(|key| key.map(|key| key.fingerprint.as_str())).collect::<Vec<_>>())
@@ -347,21 +349,10 @@ async fn insert_transfers(
     .await?;
     let mut inserted: std::collections::HashMap<Uuid, Transfer> =
         inserted.into_iter().map(|transfer| (transfer.id, transfer)).collect();
-    requests
-        .iter()
-        .zip(ids.iter().zip(created_at))
-        .map(|(new, (id, created_at))| {
+    ids.iter()
+        .map(|id| {
             let Some(transfer) = inserted.remove(id) else { return Ok(None) };
-            let request = &new.request;
-            let event = TransferRequested {
-                event_id: Uuid::new_v4(),
-                transfer_id: *id,
-                source_account: request.source_account.clone(),
-                destination_account: request.destination_account.clone(),
-                amount_cents: request.amount_cents,
-                currency: request.currency.clone(),
-                created_at,
-            };
+            let event = crate::republish::request_event(&transfer, Uuid::new_v4());
             let payload = serde_json::to_string(&event).map_err(StoreError::Encode)?;
             Ok(Some(Accepted { transfer, event: (event.event_id, payload) }))
         })

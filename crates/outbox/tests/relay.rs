@@ -1,6 +1,6 @@
 //! The outbox relay against the real stack (a database of its own with the outbox's table alone).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -676,9 +676,9 @@ async fn a_relay_stopped_mid_drain_marks_every_row_the_broker_acknowledged_befor
     assert!(pending > 0, "the relay drained every row before it was stopped: nothing was tested");
 
     let records = testkit::read_to_end(&fixture.topics.args, &fixture.topic).await;
-    let in_topic: std::collections::HashSet<String> = records.iter().map(event_id).collect();
+    let in_topic: HashSet<String> = records.iter().map(event_id).collect();
     assert_eq!(records.len(), in_topic.len(), "a row published twice");
-    let marked: std::collections::HashSet<String> =
+    let marked: HashSet<String> =
         sqlx::query_scalar::<_, Uuid>("SELECT id FROM outbox_evento WHERE publicado_em IS NOT NULL")
             .fetch_all(&fixture.database.pool)
             .await

@@ -27,21 +27,18 @@ use uuid::Uuid;
 const ACCOUNTS: u64 = 1_000;
 const WARM_UP: Duration = Duration::from_secs(3);
 
-/// Busy and total jiffies of the whole machine (`/proc/stat`, first line).
-fn machine_jiffies() -> (u64, u64) {
-    let stat = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
-    let fields: Vec<u64> = stat
-        .lines()
-        .next()
-        .expect("cpu line")
-        .split_whitespace()
-        .skip(1)
-        .map(|field| field.parse().expect("a jiffy count"))
-        .collect();
-    // user nice system idle iowait irq softirq steal
-    let idle = fields[3] + fields[4];
-    let total: u64 = fields.iter().take(8).sum();
-    (total - idle, total)
+/// Busy and total clock ticks of the whole machine since boot (`/proc/stat`'s `cpu` line).
+fn machine_ticks() -> (u64, u64) {
+    use procfs::prelude::*;
+    let cpu = procfs::KernelStats::current().expect("/proc/stat").total;
+    let idle = cpu.idle + cpu.iowait.unwrap_or(0);
+    let busy = cpu.user
+        + cpu.nice
+        + cpu.system
+        + cpu.irq.unwrap_or(0)
+        + cpu.softirq.unwrap_or(0)
+        + cpu.steal.unwrap_or(0);
+    (busy, busy + idle)
 }
 
 fn transfer(n: u64) -> NewTransfer {
@@ -97,13 +94,13 @@ async fn main() {
         .collect();
     tokio::time::sleep(WARM_UP).await;
     let batches_before = batches(&database).await;
-    let (busy_before, total_before) = machine_jiffies();
+    let (busy_before, total_before) = machine_ticks();
     let started = Instant::now();
     counting.store(true, Ordering::Relaxed);
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     counting.store(false, Ordering::Relaxed);
     let elapsed = started.elapsed().as_secs_f64();
-    let (busy_after, total_after) = machine_jiffies();
+    let (busy_after, total_after) = machine_ticks();
     let batches_after = batches(&database).await;
     stop.store(true, Ordering::Relaxed);
     for task in tasks {
@@ -113,8 +110,7 @@ async fn main() {
     drop(writer);
     database.pool.close().await;
     let created = created.load(Ordering::Relaxed) as f64;
-    let ticks_per_second = 100.0; // USER_HZ on Linux
-    let busy_seconds = (busy_after - busy_before) as f64 / ticks_per_second;
+    let busy_seconds = (busy_after - busy_before) as f64 / procfs::ticks_per_second() as f64;
     let cores_busy = (busy_after - busy_before) as f64 / (total_after - total_before).max(1) as f64
         * std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64);
     println!(

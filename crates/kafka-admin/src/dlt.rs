@@ -31,6 +31,7 @@ use contracts::headers::{decode_long, decode_timestamp_type, dlt, retry, Timesta
 use kafka::config::{base_consumer_settings, KafkaArgs};
 use kafka::consumer::header;
 use kafka::context::Context;
+use kafka::metadata::End;
 use kafka::producer::{OutgoingRecord, Producer};
 
 /// The consumer group whose commits record replay progress.
@@ -348,10 +349,24 @@ impl DeadLetterTopic {
     /// Dead letters not yet replayed, per partition summed (the `dlt_mensagens_retidas`
     /// gauge). Counts offsets, so on a topic written inside Kafka transactions the commit
     /// markers count too until replayed past; exactly 0 when nothing is left.
+    ///
+    /// Asks for every partition's start and end at once (two `ListOffsets`, not two per
+    /// partition: every service refreshes the gauge every few seconds).
     pub fn retained(&self) -> Result<u64, DltError> {
+        let partitions: Vec<(String, i32)> =
+            self.partitions.iter().map(|&partition| (self.topic.clone(), partition)).collect();
+        let offsets_at = |end| {
+            kafka::metadata::offsets_at(&self.consumer, &partitions, end, REQUEST_TIMEOUT)
+                .map_err(kafka("watermarks"))
+        };
+        let (starts, ends) = (offsets_at(End::Start)?, offsets_at(End::Last)?);
         let mut total = 0u64;
         for (partition, progress) in self.progress()? {
-            let (low, high) = self.watermarks(partition)?;
+            let key = (self.topic.clone(), partition);
+            let (low, high) = match (starts.get(&key), ends.get(&key)) {
+                (Some(&low), Some(&high)) => (low, high),
+                _ => return Err(DltError::UnknownPartition { topic: self.topic.clone(), partition }),
+            };
             let from = progress.next.max(low);
             let singles = progress.singles.range(from..high).count() as i64;
             total += (high - from - singles).max(0) as u64;

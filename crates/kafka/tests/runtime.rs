@@ -357,3 +357,54 @@ async fn lag_reaches_zero_after_draining_a_transactional_topic() {
     run.await.expect("join").expect("loop ends cleanly");
     assert_eq!(committed(args, &group, &topic), Some(9), "committed past the last commit marker");
 }
+
+#[tokio::test]
+async fn lag_counts_each_partition_from_its_commit_or_else_from_its_log_start() {
+    testkit::init_logs();
+    let topics = TestTopics::create(&["lag-per-partition"], 3).await;
+    let topic = topics.topic("lag-per-partition");
+    let args = &topics.args;
+    let producer = producer(args);
+    // partition 0: five records; partition 1: four, the first three then deleted; 2: none
+    for (partition, count) in [(0, 5), (1, 4)] {
+        for n in 0..count {
+            let mut record = OutgoingRecord::new(&topic, "k", format!("p{partition}-{n}"));
+            record.partition = Some(partition);
+            producer.send(&record).await.expect("send");
+        }
+    }
+    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", &args.bootstrap_servers).create().expect("admin");
+    let mut deleted = TopicPartitionList::new();
+    deleted.add_partition_offset(&topic, 1, Offset::Offset(3)).expect("offset");
+    let after =
+        admin.delete_records(&deleted, &rdkafka::admin::AdminOptions::new()).await.expect("delete records");
+    assert_eq!(after.find_partition(&topic, 1).map(|element| element.offset()), Some(Offset::Offset(3)));
+
+    // assigned by hand, nothing read: every partition lags from its committed offset, or its
+    // log start where the group has committed nothing
+    let group = unique("g");
+    let consumer: KafkaConsumer =
+        kafka::context::create(&consumer_config(args, "test", &group, OffsetCommit::StoredAfterHandling))
+            .expect("consumer");
+    let mut assignment = TopicPartitionList::new();
+    for partition in 0..3 {
+        assignment.add_partition(&topic, partition);
+    }
+    consumer.assign(&assignment).expect("assign");
+    let lags = |consumer: &KafkaConsumer| {
+        let mut lags = kafka::lag::measure(consumer).expect("measure");
+        lags.sort();
+        lags.into_iter().map(|(_, partition, lag)| (partition, lag)).collect::<Vec<_>>()
+    };
+    assert_eq!(lags(&consumer), vec![(0, 5), (1, 1), (2, 0)], "nothing committed: from each log start");
+
+    let mut commit = TopicPartitionList::new();
+    commit.add_partition_offset(&topic, 0, Offset::Offset(2)).expect("offset");
+    commit.add_partition_offset(&topic, 1, Offset::Offset(4)).expect("offset");
+    consumer.commit(&commit, rdkafka::consumer::CommitMode::Sync).expect("commit");
+    assert_eq!(lags(&consumer), vec![(0, 3), (1, 0), (2, 0)], "from the committed offsets");
+
+    consumer.unassign().expect("unassign");
+    assert_eq!(lags(&consumer), vec![], "nothing assigned, nothing measured");
+}

@@ -72,8 +72,9 @@ struct Args {
     )]
     loads: Vec<String>,
 
-    /// Offered rates (transfers/s) of the fast profile's sweep.
-    #[arg(long, value_delimiter = ',', default_value = "100,200,400,800,1200,1600")]
+    /// Offered rates (transfers/s) of the fast profile's sweep. 25 and 50, as the reference's
+    /// first two: the chain's own cost with the machine nearly idle, next to the loaded points.
+    #[arg(long, value_delimiter = ',', default_value = "25,50,100,200,400,800,1200,1600")]
     fast_rates: Vec<u32>,
 
     /// Offered rates of the reference profile's sweep (its capacity is far lower).

@@ -12,7 +12,7 @@ use rdkafka::client::ClientContext;
 use rdkafka::config::{FromClientConfigAndContext, RDKafkaLogLevel};
 use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::error::{KafkaError, KafkaResult};
-use rdkafka::producer::{FutureProducer, Producer as _};
+use rdkafka::producer::{BaseProducer, Producer as _};
 use rdkafka::types::RDKafka;
 use rdkafka::{ClientConfig, TopicPartitionList};
 
@@ -77,7 +77,7 @@ impl KafkaClient for BaseConsumer<Context> {
     }
 }
 
-impl KafkaClient for FutureProducer<Context> {
+impl KafkaClient for BaseProducer<Context> {
     fn native_ptr(&self) -> *mut RDKafka {
         self.client().native_ptr()
     }

@@ -7,8 +7,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use rdkafka::producer::Producer as _;
-
 use crate::producer::Producer;
 
 /// Ready when the broker answers a metadata request for `topic` through `producer`'s

@@ -9,6 +9,8 @@
 //! - [`context`]: librdkafka's own log lines routed to `tracing`; [`context::create`] makes
 //!   every client, watched for a client left with no broker (`rebootstrap`).
 //! - [`producer`]: the idempotent `acks=all` producer and [`producer::OutgoingRecord`].
+//! - [`delivery`]: the librdkafka producer under both producers, its delivery reports served
+//!   by a thread that sleeps until there is one.
 //! - [`transactional`]: the transactional producer, its blocking calls kept off the runtime.
 //! - [`consumer`]: the one consumer loop: batches to a handler, a verdict per record, offsets
 //!   stored only after the work (and any forward or dead letter) is durable, blocking retries
@@ -35,6 +37,7 @@ pub mod config;
 pub mod consumer;
 pub mod context;
 pub mod dead_letter;
+pub mod delivery;
 pub mod error;
 pub mod health;
 pub mod lag;

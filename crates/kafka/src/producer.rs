@@ -4,11 +4,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
+use rdkafka::producer::Producer as _;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::ClientConfig;
 
-use crate::context::Context;
+use crate::delivery::ServedProducer;
 use crate::Error;
 
 /// A record to publish, owning its bytes so it can wait in a retry or a batch.
@@ -57,17 +57,6 @@ impl OutgoingRecord {
                 headers.insert(Header { key, value: Some(value) })
             })
     }
-
-    pub(crate) fn as_future_record<'a>(&'a self, headers: OwnedHeaders) -> FutureRecord<'a, [u8], [u8]> {
-        let mut record = FutureRecord::to(&self.topic).payload(self.payload.as_slice()).headers(headers);
-        if let Some(key) = &self.key {
-            record = record.key(key.as_slice());
-        }
-        if let Some(partition) = self.partition {
-            record = record.partition(partition);
-        }
-        record
-    }
 }
 
 /// Where the broker stored a record.
@@ -95,7 +84,7 @@ pub struct Producer {
 struct Shared {
     config: ClientConfig,
     client_id: String,
-    current: Mutex<FutureProducer<Context>>,
+    current: Mutex<ServedProducer>,
 }
 
 impl std::fmt::Debug for Producer {
@@ -106,7 +95,7 @@ impl std::fmt::Debug for Producer {
 
 impl Producer {
     pub fn new(config: &ClientConfig) -> Result<Self, Error> {
-        let current = crate::context::create(config).map_err(Error::Config)?;
+        let current = ServedProducer::new(config).map_err(Error::Config)?;
         let client_id = config.get("client.id").unwrap_or("rdkafka").to_owned();
         Ok(Self {
             shared: Arc::new(Shared { config: config.clone(), client_id, current: Mutex::new(current) }),
@@ -117,12 +106,9 @@ impl Producer {
     /// A full local queue is waited out, never turned into an error.
     pub async fn send(&self, record: &OutgoingRecord) -> Result<Delivered, Error> {
         let producer = self.inner();
-        let result = producer
-            .send(record.as_future_record(record.owned_headers()), rdkafka::util::Timeout::Never)
-            .await;
-        match result {
-            Ok(delivery) => Ok(Delivered { partition: delivery.partition, offset: delivery.offset }),
-            Err((source, _message)) => {
+        match producer.send(record).await {
+            Ok(delivered) => Ok(delivered),
+            Err(source) => {
                 if let Some((code, reason)) = producer.client().fatal_error() {
                     self.replace(&producer, code, &reason);
                 }
@@ -132,18 +118,19 @@ impl Producer {
     }
 
     /// Replaces `failed` by a new producer, unless another send already did.
-    fn replace(&self, failed: &FutureProducer<Context>, code: RDKafkaErrorCode, reason: &str) {
+    fn replace(&self, failed: &ServedProducer, code: RDKafkaErrorCode, reason: &str) {
         let mut current = self.shared.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if current.client().native_ptr() != failed.client().native_ptr() {
             return;
         }
-        match crate::context::create(&self.shared.config) {
+        match ServedProducer::new(&self.shared.config) {
             Ok(fresh) => {
                 let old = std::mem::replace(&mut *current, fresh);
                 drop(current);
                 tracing::warn!(client = %self.shared.client_id, ?code, reason, "producer hit a fatal error: replaced by a new one");
                 metrics::counter!("kafka_producer_recreated_total", "client" => self.shared.client_id.clone()).increment(1);
-                // destroying a producer purges, flushes (up to 500 ms) and joins its thread
+                // destroying a producer joins its delivery thread, purges and flushes (up to
+                // 500 ms)
                 match tokio::runtime::Handle::try_current() {
                     Ok(runtime) => drop(runtime.spawn_blocking(move || drop(old))),
                     Err(_) => drop(old),
@@ -158,13 +145,13 @@ impl Producer {
     /// Waits until every queued record was acknowledged or `timeout` passed.
     pub async fn flush(&self, timeout: Duration) -> Result<(), Error> {
         let inner = self.inner();
-        tokio::task::spawn_blocking(move || inner.flush(timeout))
+        tokio::task::spawn_blocking(move || inner.base().flush(timeout))
             .await?
             .map_err(|source| Error::Produce { topic: "(flush)".into(), source })
     }
 
     /// The librdkafka producer in use now (a cheap handle; a fatal error replaces it).
-    pub fn inner(&self) -> FutureProducer<Context> {
+    pub fn inner(&self) -> ServedProducer {
         self.shared.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 }

@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{FutureProducer, Producer as _};
+use rdkafka::producer::{BaseProducer, Producer as _};
 use rdkafka::{ClientConfig, TopicPartitionList};
 
 use crate::context::Context;
+use crate::delivery::ServedProducer;
 use crate::producer::{Delivered, OutgoingRecord};
 use crate::Error;
 
@@ -33,7 +34,7 @@ const _: () = assert!(CALL_TIMEOUT.as_millis() < STUCK_AFTER.as_millis());
 /// so committing right after the last acknowledgement took that 100 ms on ~2 % of
 /// transactions (measured at 200 transfers/s). Outstanding reports clear within microseconds:
 /// waiting for them here leaves the flush nothing to wait for.
-fn drained(producer: &FutureProducer<Context>, timeout: Duration) -> Duration {
+fn drained(producer: &BaseProducer<Context>, timeout: Duration) -> Duration {
     let deadline = std::time::Instant::now() + timeout;
     let mut pause = Duration::from_micros(50);
     while producer.in_flight_count() > 0 && std::time::Instant::now() < deadline {
@@ -47,7 +48,7 @@ fn drained(producer: &FutureProducer<Context>, timeout: Duration) -> Duration {
 /// or otherwise fatal error means: drop it and create a new one.
 #[derive(Clone)]
 pub struct TransactionalProducer {
-    inner: FutureProducer<Context>,
+    inner: ServedProducer,
 }
 
 impl std::fmt::Debug for TransactionalProducer {
@@ -74,19 +75,20 @@ fn transaction_error(operation: &'static str, source: KafkaError) -> Error {
 impl TransactionalProducer {
     /// Creates the client; `config` must carry a `transactional.id`.
     pub fn new(config: &ClientConfig) -> Result<Self, Error> {
-        let inner = crate::context::create(config).map_err(Error::Config)?;
+        let inner = ServedProducer::new(config).map_err(Error::Config)?;
         Ok(Self { inner })
     }
 
     async fn blocking<T: Send + 'static>(
         &self,
         operation: &'static str,
-        call: impl FnOnce(&FutureProducer<Context>) -> Result<T, KafkaError> + Send + 'static,
+        call: impl FnOnce(&BaseProducer<Context>) -> Result<T, KafkaError> + Send + 'static,
     ) -> Result<T, Error> {
         let inner = self.inner.clone();
         // the blocking thread of a stuck call stays blocked until the producer is fenced or
         // destroyed; the caller is free to recreate the producer meanwhile
-        match tokio::time::timeout(STUCK_AFTER, tokio::task::spawn_blocking(move || call(&inner))).await {
+        match tokio::time::timeout(STUCK_AFTER, tokio::task::spawn_blocking(move || call(inner.base()))).await
+        {
             Ok(joined) => joined?.map_err(|source| transaction_error(operation, source)),
             Err(_elapsed) => Err(Error::TransactionStuck { operation, waited: STUCK_AFTER }),
         }
@@ -104,14 +106,7 @@ impl TransactionalProducer {
 
     /// Sends `record` inside the open transaction and waits for its acknowledgement.
     pub async fn send(&self, record: &OutgoingRecord) -> Result<Delivered, Error> {
-        let result = self
-            .inner
-            .send(record.as_future_record(record.owned_headers()), rdkafka::util::Timeout::Never)
-            .await;
-        match result {
-            Ok(delivery) => Ok(Delivered { partition: delivery.partition, offset: delivery.offset }),
-            Err((source, _message)) => Err(Error::Produce { topic: record.topic.clone(), source }),
-        }
+        self.inner.send(record).await.map_err(|source| Error::Produce { topic: record.topic.clone(), source })
     }
 
     /// Adds the consumed `offsets` (next offset to read, per partition) to the transaction.

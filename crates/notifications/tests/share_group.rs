@@ -261,7 +261,7 @@ async fn a_flaky_receiver_is_called_again_a_second_then_two_seconds_later() {
     let fixture = Fixture::new(1).await;
     let (receiver, url) = Receiver::start().await;
     let service = Service::start(&fixture.topics.args, 1, &url, 4, 2_000).await;
-    members_assigned(&service, 4).await; // the gaps measured in a settled group, not one forming
+    members_assigned(&service, &fixture.group(), 4).await; // the gaps measured in a settled group, not one forming
     let (event, _) = fixture
         .settle_scripted(None, &receiver, &[Reply::Status(503), Reply::Status(503), Reply::Status(200)])
         .await;
@@ -285,7 +285,7 @@ async fn an_always_failing_receiver_gets_four_calls_then_the_dead_letter_is_writ
     let fixture = Fixture::new(1).await;
     let (receiver, url) = Receiver::start().await;
     let service = Service::start(&fixture.topics.args, 1, &url, 4, 2_000).await;
-    members_assigned(&service, 4).await; // the gaps measured in a settled group, not one forming
+    members_assigned(&service, &fixture.group(), 4).await; // the gaps measured in a settled group, not one forming
     let (event, original) = fixture.settle_scripted(None, &receiver, &[Reply::Status(503); 10]).await;
 
     let calls = wait_calls(&receiver, event, 4, Duration::from_secs(60)).await;
@@ -379,10 +379,12 @@ async fn a_client_error_is_dead_lettered_after_one_call_and_garbage_after_none()
     service.stop().await;
 }
 
-/// Waits until `members` members of `service` have partitions assigned, so that what the test
-/// publishes next is shared as the broker will go on sharing it.
-async fn members_assigned(service: &Service, members: u32) {
-    let line = format!("notifications_members_with_partitions {members}\n");
+/// Waits until `members` members of `group` (over every service of this process) have
+/// partitions assigned, so that what the test publishes next is shared as the broker will go
+/// on sharing it. The gauge is read through `service`; other tests' services in this process
+/// count their own groups' members.
+async fn members_assigned(service: &Service, group: &str, members: u32) {
+    let line = format!("notifications_members_with_partitions{{group=\"{group}\"}} {members}\n");
     testkit::eventually(&format!("{members} members with partitions"), Duration::from_secs(90), || async {
         service.metrics().await.contains(&line).then_some(())
     })
@@ -401,7 +403,7 @@ async fn healthy_latencies_beside_a_slow_call(
     let members = 8; // more than the 6 partitions of the two topics: each is shared
     let service = Service::start_as(&fixture.topics.args, 3, &url, members, 10_000, consumption).await;
     if consumption == notifications::Consumption::ShareGroup {
-        members_assigned(&service, members).await;
+        members_assigned(&service, &fixture.group(), members).await;
     }
     for partition in 0..3 {
         let (warm, _) = fixture.settle(Some(partition)).await;
@@ -447,9 +449,9 @@ async fn two_instances_work_on_one_partition_at_once() {
     second.answer_by_default(Reply::After(call, 200));
     let members = 4;
     let one = Service::start(&fixture.topics.args, 1, &first_url, members, 5_000).await;
-    members_assigned(&one, members).await;
+    members_assigned(&one, &fixture.group(), members).await;
     let other = Service::start(&fixture.topics.args, 1, &second_url, members, 5_000).await;
-    members_assigned(&other, members).await;
+    members_assigned(&other, &fixture.group(), 2 * members).await; // both instances' members
 
     // one partition (the settled topic has one): with 8 members over 2 partitions, each
     // partition has 4, two of each instance

@@ -122,13 +122,13 @@ pub async fn start(settings: ShareGroupSettings, supervisor: &Supervisor) -> Res
     );
     let members = settings.members.max(1);
     let shared = Arc::new(Shared {
+        assigned: Members::new(&group),
         kafka: settings.kafka,
         group,
         topics: settings.topics,
         notifier: settings.notifier,
         producer: settings.producer,
         chain: settings.chain,
-        assigned: Members::default(),
     });
     supervisor.spawn_fallible("notificacoes/share-group", run(shared, members, supervisor.shutdown_token()));
     Ok(())
@@ -146,28 +146,31 @@ struct Shared {
     assigned: Members,
 }
 
-/// `notifications_members_with_partitions`: members of this process the broker has given
-/// partitions. Below `NOTIFICACOES_WEBHOOK_CONCURRENCY` while members join, and for good when
-/// there are more members in the group than the broker shares partitions with.
+/// `notifications_members_with_partitions{group}`: members in `group` the broker has given
+/// partitions, of all the services of this process (one in a deployment; tests run many, each
+/// with its own group but for the test of two instances). Below
+/// `NOTIFICACOES_WEBHOOK_CONCURRENCY` while members join, and for good when there are more
+/// members in the group than the broker shares partitions with. Each member adds itself when
+/// it gets partitions and takes itself off when it has none left or leaves.
 #[derive(Debug)]
-struct Members(AtomicUsize);
-
-impl Default for Members {
-    fn default() -> Self {
-        metrics::gauge!("notifications_members_with_partitions").set(0.0);
-        Self(AtomicUsize::new(0))
-    }
+struct Members {
+    gauge: metrics::Gauge,
 }
 
 impl Members {
+    fn new(group: &str) -> Self {
+        let gauge = metrics::gauge!("notifications_members_with_partitions", "group" => group.to_owned());
+        gauge.increment(0.0); // shown at 0 before any member has partitions
+        Self { gauge }
+    }
+
     /// Records whether one member has partitions (`was`: what it had before).
     fn update(&self, was: bool, now: bool) {
-        let count = match (was, now) {
-            (false, true) => self.0.fetch_add(1, Ordering::Relaxed) + 1,
-            (true, false) => self.0.fetch_sub(1, Ordering::Relaxed) - 1,
-            _ => return,
-        };
-        metrics::gauge!("notifications_members_with_partitions").set(count as f64);
+        match (was, now) {
+            (false, true) => self.gauge.increment(1.0),
+            (true, false) => self.gauge.decrement(1.0),
+            _ => {}
+        }
     }
 }
 
@@ -627,12 +630,38 @@ mod tests {
             ))
             .expect("producer"),
             chain: crate::chain(),
-            assigned: Members::default(),
+            assigned: Members::new(GROUP),
         };
         assert_eq!(shared.chain.attempts(), 4);
         let delays: Vec<u64> =
             (1..=5).map(|delivery| shared.delay_after(delivery).as_millis() as u64).collect();
         assert_eq!(delays, [1000, 2000, 4000, 4000, 4000]);
+    }
+
+    /// Tests run many services in one process, and the test of two instances two in one
+    /// group: each group counts its own members, summed over the services that have them.
+    #[test]
+    fn members_with_partitions_are_counted_per_group_over_the_process() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            let (one, other, second) = (Members::new("g-one"), Members::new("g-other"), Members::new("g-one"));
+            one.update(false, true);
+            one.update(false, true);
+            let fresh = Members::new("g-other"); // a service starting later counts from its own 0
+            other.update(false, true);
+            second.update(false, true);
+            one.update(true, false);
+            one.update(true, true); // no change
+            drop(fresh);
+        });
+        let text = handle.render();
+        for expected in [
+            "notifications_members_with_partitions{group=\"g-one\"} 2\n",
+            "notifications_members_with_partitions{group=\"g-other\"} 1\n",
+        ] {
+            assert!(text.contains(expected), "{expected} missing from:\n{text}");
+        }
     }
 
     #[test]

@@ -645,7 +645,8 @@ mod tests {
         let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
         let handle = recorder.handle();
         metrics::with_local_recorder(&recorder, || {
-            let (one, other, second) = (Members::new("g-one"), Members::new("g-other"), Members::new("g-one"));
+            let (one, other, second) =
+                (Members::new("g-one"), Members::new("g-other"), Members::new("g-one"));
             one.update(false, true);
             one.update(false, true);
             let fresh = Members::new("g-other"); // a service starting later counts from its own 0

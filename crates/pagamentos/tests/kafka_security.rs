@@ -16,9 +16,7 @@ use std::time::Duration;
 
 use kafka::rdkafka::client::ClientContext;
 use kafka::rdkafka::error::KafkaError;
-use kafka::rdkafka::producer::{
-    BaseProducer, DeliveryResult, FutureProducer, FutureRecord, Producer as _, ProducerContext,
-};
+use kafka::rdkafka::producer::{BaseProducer, DeliveryResult, Producer as _, ProducerContext};
 use kafka::rdkafka::types::RDKafkaErrorCode;
 use kafka::rdkafka::ClientConfig;
 use kafka::{KafkaArgs, KafkaSecurity, SecurityProtocol};
@@ -140,12 +138,15 @@ async fn each_service_as_its_own_user_and_a_forged_analysis_moves_no_money() {
     let mut forger_args = secure::args("transferencias");
     forger_args.topic_prefix = system.topics.args.topic_prefix.clone();
     let analysed = system.topics.topic(contracts::topics::ANALYSED);
-    let forger: FutureProducer =
-        kafka::config::producer_config(&forger_args, "forger", Duration::ZERO).create().expect("producer");
-    let sent =
-        forger.send(FutureRecord::to(&analysed).key("SEC-A").payload(&forged), Duration::from_secs(30)).await;
+    let forger = kafka::producer::Producer::new(&kafka::config::producer_config(
+        &forger_args,
+        "forger",
+        Duration::ZERO,
+    ))
+    .expect("producer");
+    let sent = forger.send(&kafka::producer::OutgoingRecord::new(analysed.as_str(), "SEC-A", forged)).await;
     match sent {
-        Err((KafkaError::MessageProduction(code), _)) => {
+        Err(kafka::Error::Produce { source: KafkaError::MessageProduction(code), .. }) => {
             assert_eq!(code, RDKafkaErrorCode::TopicAuthorizationFailed, "refused, for want of authorization")
         }
         other => panic!("the forged analysis was not refused by the broker: {other:?}"),

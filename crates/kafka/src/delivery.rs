@@ -168,27 +168,16 @@ impl ServedProducer {
             rd::rd_kafka_queue_cb_event_enable(queue, Some(event_queued), Arc::as_ptr(&wake) as *mut c_void);
             EventQueue(queue)
         };
-        let thread = {
-            let (producer, wake) = (producer.clone(), wake.clone());
-            let name = config.get("client.id").unwrap_or("producer");
-            std::thread::Builder::new()
-                .name(format!("kafka-dr-{name}").chars().take(15).collect())
-                .spawn(move || serve(&producer, queue, &wake))
-        };
-        let thread = match thread {
-            Ok(thread) => thread,
-            Err(error) => {
-                // nothing polls: switch the callback off before its argument goes
-                // SAFETY: as in `Shared::drop`.
-                #[allow(unsafe_code)]
-                unsafe {
-                    rd::rd_kafka_queue_cb_event_enable(queue.0, None, std::ptr::null_mut());
-                    rd::rd_kafka_queue_destroy(queue.0);
-                }
-                return Err(KafkaError::ClientCreation(format!("delivery thread: {error}")));
-            }
-        };
-        Ok(Self { shared: Arc::new(Shared { producer, queue, wake, thread: Some(thread) }) })
+        // owned from here: should the thread not start, dropping `shared` undoes the above
+        let mut shared = Shared { producer, queue, wake, thread: None };
+        let (producer, wake) = (shared.producer.clone(), shared.wake.clone());
+        let name = config.get("client.id").unwrap_or("producer");
+        let thread = std::thread::Builder::new()
+            .name(format!("kafka-dr-{name}").chars().take(15).collect())
+            .spawn(move || serve(&producer, queue, &wake))
+            .map_err(|error| KafkaError::ClientCreation(format!("delivery thread: {error}")))?;
+        shared.thread = Some(thread);
+        Ok(Self { shared: Arc::new(shared) })
     }
 
     /// The rdkafka producer, for what this type does not wrap (transactions, metadata).

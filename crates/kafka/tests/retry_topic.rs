@@ -145,12 +145,14 @@ async fn a_stage_stopped_while_holding_a_record_commits_nothing_of_it() {
     };
     let (shutdown, run) = start(recorder.clone());
     send("due", now_ms() - 1_000).await;
-    let held_due = now_ms() + 6_000;
-    send("held", held_due).await;
     eventually("the record due at once attempted", Duration::from_secs(60), || async {
         recorder.attempts.lock().expect("lock").contains_key("due").then_some(())
     })
     .await;
+    // the member has joined and is fetching: the held record's margin starts now, not before
+    // a group join that takes seconds on a broker started moments ago
+    let held_due = now_ms() + 6_000;
+    send("held", held_due).await;
     // not a synchronisation: the assertions below hold whenever the stop comes; waiting longer
     // than the runtime's idle store interval (500 ms) gives a store of the held record's offset
     // the chance to happen, which the first assertion would catch

@@ -85,6 +85,7 @@ async fn run(profile: Profile, backlog: usize, steady_seconds: u64) -> serde_jso
         topics: kafka::TopicArgs { partitions: 12, replicas: 1 },
         profile,
         metrics: telemetry::health::MetricsRoute::ServicePort,
+        producer: None,
     };
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();

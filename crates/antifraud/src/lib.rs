@@ -87,6 +87,9 @@ pub struct Settings {
     pub profile: Profile,
     /// `/metrics` on the health port (the default), or on the process's own metrics listener.
     pub metrics: telemetry::health::MetricsRoute,
+    /// The producer to publish with when the process shares one between its services
+    /// (`pagamentos all`); `None`: the service builds its own, named after itself.
+    pub producer: Option<Producer>,
 }
 
 /// The host name, for the default instance id.
@@ -103,7 +106,7 @@ fn host_name() -> String {
 /// routes on `supervisor`, each a named critical task. Returns the health address.
 pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<SocketAddr, Error> {
     let shutdown = supervisor.shutdown_token();
-    let Settings { args, auth, kafka, topics: topic_args, profile, metrics } = settings;
+    let Settings { args, auth, kafka, topics: topic_args, profile, metrics, producer } = settings;
     let detail = auth.resolve("antifraude")?;
     kafka_admin::topics::ensure_at_start(&kafka, &topic_args).await?;
     let instance = args.instance_id.clone().unwrap_or_else(host_name);
@@ -130,7 +133,10 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
     };
     tracing::info!(transactional_id, group, "antifraude starting");
 
-    let probe = Producer::new(&producer_config(&kafka, "antifraude-health", profile.linger()))?;
+    let probe = match producer {
+        Some(shared) => shared,
+        None => Producer::new(&producer_config(&kafka, "antifraude-health", profile.linger()))?,
+    };
     let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> =
         vec![Arc::new(kafka::health::KafkaReady::new(probe, input.clone()))];
     let readiness = telemetry::health::Readiness::new(checks, detail)

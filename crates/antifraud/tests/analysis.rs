@@ -47,6 +47,7 @@ async fn start(topics: &TestTopics, instance: &str) -> Running {
         topics: kafka::TopicArgs { partitions: 2, replicas: 1 },
         profile: kafka::Profile::Fast,
         metrics: telemetry::health::MetricsRoute::ServicePort,
+        producer: None,
     };
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();

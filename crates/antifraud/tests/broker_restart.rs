@@ -36,6 +36,7 @@ async fn a_broker_restart_mid_stream_loses_and_doubles_nothing() {
         topics: kafka::TopicArgs { partitions: 3, replicas: 1 },
         profile: kafka::Profile::Fast,
         metrics: telemetry::health::MetricsRoute::ServicePort,
+        producer: None,
     };
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();

@@ -141,6 +141,7 @@ async fn run(profile: Profile, scenario: Scenario, backlog: usize, accounts: usi
         topics: kafka::TopicArgs { partitions: 12, replicas: 1 },
         profile,
         metrics: telemetry::health::MetricsRoute::ServicePort,
+        producer: None,
     };
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();

@@ -220,6 +220,9 @@ pub struct Settings {
     pub profile: Profile,
     /// `/metrics` on the API's port (the default), or on the process's own metrics listener.
     pub metrics: telemetry::health::MetricsRoute,
+    /// The producer to publish with when the process shares one between its services
+    /// (`pagamentos all`); `None`: the service builds its own, named after itself.
+    pub producer: Option<Producer>,
 }
 
 /// Connects, migrates, makes sure the topics exist, then spawns the accounts API, the settler,
@@ -229,7 +232,7 @@ pub struct Settings {
 /// commits) the batch in hand, the relay its batch.
 pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<SocketAddr, Error> {
     let shutdown = supervisor.shutdown_token();
-    let Settings { args, auth, kafka, topics: topic_args, profile, metrics } = settings;
+    let Settings { args, auth, kafka, topics: topic_args, profile, metrics, producer } = settings;
     // before anything else: a service that would let anyone create money does not start
     let tokens = auth.resolve("ledger")?;
     let pool = database::connect(&args.database_url, &args.pool_settings()).await?;
@@ -240,7 +243,10 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
 
     let group = kafka.group(topics::groups::LEDGER);
     let input = kafka.topic(topics::ANALYSED);
-    let producer = Producer::new(&producer_config(&kafka, "ledger", profile.linger()))?;
+    let producer = match producer {
+        Some(shared) => shared,
+        None => Producer::new(&producer_config(&kafka, "ledger", profile.linger()))?,
+    };
     let state = api::AppState { pool: pool.clone(), tokens: tokens.clone() };
     let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> = vec![
         Arc::new(database::health::DatabaseReady::new(pool.clone())),

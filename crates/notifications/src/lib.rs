@@ -140,6 +140,9 @@ pub struct Settings {
     pub profile: Profile,
     /// `/metrics` on the health port (the default), or on the process's own metrics listener.
     pub metrics: telemetry::health::MetricsRoute,
+    /// The producer to publish with when the process shares one between its services
+    /// (`pagamentos all`); `None`: the service builds its own, named after itself.
+    pub producer: Option<Producer>,
 }
 
 impl Settings {
@@ -168,6 +171,7 @@ impl Settings {
             topics: TopicArgs { partitions, replicas: 1 },
             profile: Profile::Fast,
             metrics: telemetry::health::MetricsRoute::ServicePort,
+            producer: None,
         }
     }
 }
@@ -182,7 +186,7 @@ pub fn chain() -> Chain {
 /// Returns the health address.
 pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<SocketAddr, Error> {
     let shutdown = supervisor.shutdown_token();
-    let Settings { args, auth, kafka, topics: topic_args, profile, metrics } = settings;
+    let Settings { args, auth, kafka, topics: topic_args, profile, metrics, producer } = settings;
     // before anything else: who may read /readyz's detail (refused with both a token and
     // --insecure-no-auth), and a webhook nobody can authenticate is sent only when asked for
     let detail = auth.resolve("notificacoes")?;
@@ -214,7 +218,10 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
         .flat_map(|stage| stage.topics().into_iter().map(str::to_owned))
         .collect();
     let notifier = Arc::new(notifier::Notifier::new(webhook, kafka.topic(topics::SETTLED)));
-    let producer = Producer::new(&producer_config(&kafka, "notificacoes", profile.linger()))?;
+    let producer = match producer {
+        Some(shared) => shared,
+        None => Producer::new(&producer_config(&kafka, "notificacoes", profile.linger()))?,
+    };
     let chain = chain();
     let stages = match args.consumption {
         Consumption::RetryTopics => chain.stages(&bases, &kafka.group(topics::groups::NOTIFICATIONS)),

@@ -6,6 +6,8 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use telemetry::supervisor::{Drained, Supervisor};
 
+use kafka::config::producer_config;
+use kafka::producer::Producer;
 use kafka::{KafkaArgs, Profile, TopicArgs};
 
 /// What every service takes besides its own options.
@@ -149,6 +151,8 @@ pub struct AllCommand {
 /// Which service of `pagamentos all` did not start.
 #[derive(Debug, thiserror::Error)]
 enum AllError {
+    #[error("the producer the services share could not be created")]
+    Producer(#[source] kafka::Error),
     #[error("transferencias did not start")]
     Transfers(#[source] transfers::Error),
     #[error("ledger did not start")]
@@ -221,6 +225,7 @@ pub async fn transfers(command: TransfersCommand) -> anyhow::Result<ExitCode> {
         kafka: command.common.kafka,
         topics: command.common.topics,
         profile: command.common.profile,
+        producer: None,
     };
     serve("transferencias", metrics_listen, &listens, |supervisor| async move {
         transfers::start(settings, &supervisor).await
@@ -239,6 +244,7 @@ pub async fn antifraud(command: AntifraudCommand) -> anyhow::Result<ExitCode> {
         kafka: command.common.kafka,
         topics: command.common.topics,
         profile: command.common.profile,
+        producer: None,
     };
     serve("antifraude", metrics_listen, &listens, |supervisor| async move {
         antifraud::start(settings, &supervisor).await
@@ -257,6 +263,7 @@ pub async fn ledger(command: LedgerCommand) -> anyhow::Result<ExitCode> {
         kafka: command.common.kafka,
         topics: command.common.topics,
         profile: command.common.profile,
+        producer: None,
     };
     serve("ledger", metrics_listen, &listens, |supervisor| async move {
         ledger::start(settings, &supervisor).await
@@ -275,6 +282,7 @@ pub async fn notifications(command: NotificationsCommand) -> anyhow::Result<Exit
         kafka: command.common.kafka,
         topics: command.common.topics,
         profile: command.common.profile,
+        producer: None,
     };
     serve("notificacoes", metrics_listen, &listens, |supervisor| async move {
         notifications::start(settings, &supervisor).await
@@ -304,6 +312,10 @@ pub async fn all(command: AllCommand) -> anyhow::Result<ExitCode> {
     ];
     serve("all", metrics_listen, &listens, |supervisor| async move {
         let CommonArgs { kafka, topics, profile, .. } = common;
+        // one idempotent producer for the four services: one set of librdkafka threads and
+        // connections instead of four (antifraude's transactional producer stays its own)
+        let producer = Producer::new(&producer_config(&kafka, "pagamentos", profile.linger()))
+            .map_err(AllError::Producer)?;
         // downstream first, so nothing the upstream services publish waits for a consumer
         let ledger = ledger::start(
             ledger::Settings {
@@ -313,6 +325,7 @@ pub async fn all(command: AllCommand) -> anyhow::Result<ExitCode> {
                 topics: topics.clone(),
                 profile,
                 metrics,
+                producer: Some(producer.clone()),
             },
             &supervisor,
         )
@@ -326,6 +339,7 @@ pub async fn all(command: AllCommand) -> anyhow::Result<ExitCode> {
                 topics: topics.clone(),
                 profile,
                 metrics,
+                producer: Some(producer.clone()),
             },
             &supervisor,
         )
@@ -339,13 +353,22 @@ pub async fn all(command: AllCommand) -> anyhow::Result<ExitCode> {
                 topics: topics.clone(),
                 profile,
                 metrics,
+                producer: Some(producer.clone()),
             },
             &supervisor,
         )
         .await
         .map_err(AllError::Antifraud)?;
         let transfers = transfers::start(
-            transfers::Settings { args: transfers_args, auth, kafka, topics, profile, metrics },
+            transfers::Settings {
+                args: transfers_args,
+                auth,
+                kafka,
+                topics,
+                profile,
+                metrics,
+                producer: Some(producer),
+            },
             &supervisor,
         )
         .await

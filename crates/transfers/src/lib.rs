@@ -193,6 +193,9 @@ pub struct Settings {
     pub profile: Profile,
     /// `/metrics` on the API's port (the default), or on the process's own metrics listener.
     pub metrics: telemetry::health::MetricsRoute,
+    /// The producer to publish with when the process shares one between its services
+    /// (`pagamentos all`); `None`: the service builds its own, named after itself.
+    pub producer: Option<Producer>,
 }
 
 /// Connects, migrates, makes sure the topics exist, then spawns the API, the outbox relay,
@@ -202,7 +205,7 @@ pub struct Settings {
 /// finish the batch in hand.
 pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<SocketAddr, Error> {
     let shutdown = supervisor.shutdown_token();
-    let Settings { args, auth, kafka, topics: topic_args, profile, metrics } = settings;
+    let Settings { args, auth, kafka, topics: topic_args, profile, metrics, producer } = settings;
     // before anything else: a service that would serve money without auth does not start
     let tokens = auth.resolve("transferencias")?;
     if !args.idempotency_key_required {
@@ -214,7 +217,10 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
 
     kafka_admin::topics::ensure_at_start(&kafka, &topic_args).await?;
 
-    let producer = Producer::new(&producer_config(&kafka, "transferencias", profile.linger()))?;
+    let producer = match producer {
+        Some(shared) => shared,
+        None => Producer::new(&producer_config(&kafka, "transferencias", profile.linger()))?,
+    };
     let backlog = outbox::metrics::Backlog::default();
     let writer = match profile {
         Profile::Fast => writer::Writer::batched(pool.clone()),

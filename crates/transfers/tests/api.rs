@@ -328,6 +328,7 @@ async fn without_tokens_the_service_refuses_to_start_unless_told_to_run_open() {
         topics: kafka::TopicArgs { partitions: 1, replicas: 1 },
         profile: kafka::Profile::Fast,
         metrics: telemetry::health::MetricsRoute::ServicePort,
+        producer: None,
     };
     for auth in [
         web::AuthArgs::default(),

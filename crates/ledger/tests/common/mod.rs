@@ -126,6 +126,7 @@ impl TestLedger {
             topics: kafka::TopicArgs { partitions: self.partitions, replicas: 1 },
             profile: kafka::Profile::Fast,
             metrics: telemetry::health::MetricsRoute::ServicePort,
+            producer: None,
         };
         let shutdown = CancellationToken::new();
         let tracker = TaskTracker::new();

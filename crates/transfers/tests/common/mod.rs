@@ -70,6 +70,7 @@ pub async fn spawn_app_with_auth(
         topics: kafka::TopicArgs { partitions: 1, replicas: 1 },
         profile: kafka::Profile::Fast,
         metrics: telemetry::health::MetricsRoute::ServicePort,
+        producer: None,
     };
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();

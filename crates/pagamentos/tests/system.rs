@@ -44,6 +44,42 @@ async fn a_settlement_and_both_kinds_of_rejection_end_to_end() {
     assert_eq!(code, 0, "{report}");
 }
 
+/// The names of `pid`'s threads (Linux: `/proc/<pid>/task/*/comm`).
+fn thread_names(pid: u32) -> Vec<String> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("/proc/<pid>/task");
+    tasks
+        .map(|task| {
+            let path = task.expect("task").path().join("comm");
+            std::fs::read_to_string(path).expect("comm").trim().to_owned()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_services_of_one_process_publish_through_one_producer() {
+    let system = System::new().await;
+    let mut all = system.start().await;
+    system.open_account("ONE-A", 1_000_000).await;
+    system.open_account("ONE-B", 0).await;
+    let settled = system.transfer("ONE-A", "ONE-B", 2_500).await.expect("accepted");
+    // both relays published through it: the request, then the outcome
+    assert_eq!(system.final_status(&settled).await, ("LIQUIDADA".to_owned(), Value::Null));
+
+    // each producer serves its delivery reports on a thread named after its client id
+    // (`kafka::delivery`, cut to Linux's 15 characters): `pagamentos` is the shared one,
+    // `antifraude` the transactional one; a service building its own would add its name
+    let names = thread_names(all.id().expect("pid"));
+    let count = |name: &str| names.iter().filter(|thread| thread.as_str() == name).count();
+    assert_eq!(count("kafka-dr-pagame"), 1, "{names:?}");
+    for own in ["kafka-dr-transf", "kafka-dr-ledger", "kafka-dr-notifi"] {
+        assert_eq!(count(own), 0, "{names:?}");
+    }
+    assert!(count("kafka-dr-antifr") <= 1, "only the transactional producer is antifraude's own: {names:?}");
+
+    let status = terminate(&mut all).await;
+    assert!(status.success(), "pagamentos all exited with {status}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_under_load_loses_and_doubles_nothing() {
     let system = System::new().await;

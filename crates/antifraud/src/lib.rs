@@ -23,7 +23,7 @@ use std::time::Duration;
 use telemetry::supervisor::Supervisor;
 
 use contracts::topics;
-use kafka::config::{consumer_config, producer_config, transactional_producer_config, OffsetCommit};
+use kafka::config::{consumer_config, transactional_producer_config, OffsetCommit};
 use kafka::consumer::LoopOptions;
 use kafka::producer::Producer;
 use kafka::{KafkaArgs, Profile, TopicArgs};
@@ -133,10 +133,7 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
     };
     tracing::info!(transactional_id, group, "antifraude starting");
 
-    let probe = match producer {
-        Some(shared) => shared,
-        None => Producer::new(&producer_config(&kafka, "antifraude-health", profile.linger()))?,
-    };
+    let probe = Producer::shared_or_own(producer, &kafka, "antifraude-health", profile.linger())?;
     let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> =
         vec![Arc::new(kafka::health::KafkaReady::new(probe, input.clone()))];
     let readiness = telemetry::health::Readiness::new(checks, detail)

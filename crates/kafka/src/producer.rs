@@ -102,6 +102,20 @@ impl Producer {
         })
     }
 
+    /// `shared`, the producer a process hands all its services (`pagamentos all`), or else a
+    /// service's own, named `client_id`.
+    pub fn shared_or_own(
+        shared: Option<Producer>,
+        args: &crate::KafkaArgs,
+        client_id: &str,
+        linger: Duration,
+    ) -> Result<Self, Error> {
+        match shared {
+            Some(shared) => Ok(shared),
+            None => Self::new(&crate::config::producer_config(args, client_id, linger)),
+        }
+    }
+
     /// Publishes `record` and waits for the broker's acknowledgement (all in-sync replicas).
     /// A full local queue is waited out, never turned into an error.
     pub async fn send(&self, record: &OutgoingRecord) -> Result<Delivered, Error> {

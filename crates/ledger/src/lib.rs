@@ -39,7 +39,7 @@ use std::time::Duration;
 use telemetry::supervisor::Supervisor;
 
 use contracts::topics;
-use kafka::config::{consumer_config, producer_config, OffsetCommit};
+use kafka::config::{consumer_config, OffsetCommit};
 use kafka::consumer::{Backoff, LoopOptions};
 use kafka::dead_letter::DeadLetterPublisher;
 use kafka::producer::Producer;
@@ -243,10 +243,7 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
 
     let group = kafka.group(topics::groups::LEDGER);
     let input = kafka.topic(topics::ANALYSED);
-    let producer = match producer {
-        Some(shared) => shared,
-        None => Producer::new(&producer_config(&kafka, "ledger", profile.linger()))?,
-    };
+    let producer = Producer::shared_or_own(producer, &kafka, "ledger", profile.linger())?;
     let state = api::AppState { pool: pool.clone(), tokens: tokens.clone() };
     let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> = vec![
         Arc::new(database::health::DatabaseReady::new(pool.clone())),

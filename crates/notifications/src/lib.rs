@@ -28,7 +28,7 @@ use std::time::Duration;
 use telemetry::supervisor::Supervisor;
 
 use contracts::topics;
-use kafka::config::{consumer_config, producer_config, OffsetCommit};
+use kafka::config::{consumer_config, OffsetCommit};
 use kafka::producer::Producer;
 use kafka::retry_topic::{Chain, StageOptions};
 use kafka::{KafkaArgs, Profile, TopicArgs};
@@ -218,10 +218,7 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
         .flat_map(|stage| stage.topics().into_iter().map(str::to_owned))
         .collect();
     let notifier = Arc::new(notifier::Notifier::new(webhook, kafka.topic(topics::SETTLED)));
-    let producer = match producer {
-        Some(shared) => shared,
-        None => Producer::new(&producer_config(&kafka, "notificacoes", profile.linger()))?,
-    };
+    let producer = Producer::shared_or_own(producer, &kafka, "notificacoes", profile.linger())?;
     let chain = chain();
     let stages = match args.consumption {
         Consumption::RetryTopics => chain.stages(&bases, &kafka.group(topics::groups::NOTIFICATIONS)),

@@ -35,7 +35,7 @@ use std::time::Duration;
 use telemetry::supervisor::Supervisor;
 
 use contracts::topics;
-use kafka::config::{consumer_config, producer_config, OffsetCommit};
+use kafka::config::{consumer_config, OffsetCommit};
 use kafka::consumer::LoopOptions;
 use kafka::dead_letter::DeadLetterPublisher;
 use kafka::producer::Producer;
@@ -217,10 +217,7 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
 
     kafka_admin::topics::ensure_at_start(&kafka, &topic_args).await?;
 
-    let producer = match producer {
-        Some(shared) => shared,
-        None => Producer::new(&producer_config(&kafka, "transferencias", profile.linger()))?,
-    };
+    let producer = Producer::shared_or_own(producer, &kafka, "transferencias", profile.linger())?;
     let backlog = outbox::metrics::Backlog::default();
     let writer = match profile {
         Profile::Fast => writer::Writer::batched(pool.clone()),

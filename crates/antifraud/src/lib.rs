@@ -4,10 +4,9 @@
 //!
 //! # Layout
 //! - [`scoring`]: the deterministic risk score and its documented rules.
-//! - [`analysis`]: the batch handler: outputs, dead letters and consumed offsets in one Kafka
-//!   transaction.
-//! - [`start`]: wires the consumer loop (offsets only in transactions), `/healthz`, `/readyz`
-//!   and `/metrics` on port 8082.
+//! - [`analysis`]: what each record becomes: its analysed or rejected event, or its dead letter.
+//! - [`start`]: wires [`kafka::exactly_once`]'s loop (outputs and consumed offsets in one Kafka
+//!   transaction per batch), `/healthz`, `/readyz` and `/metrics` on port 8082.
 //!
 //! # Architecture invariant
 //! Kafka to Kafka only: no database. Exactly-once comes from Kafka transactions with the
@@ -24,7 +23,6 @@ use telemetry::supervisor::Supervisor;
 
 use contracts::topics;
 use kafka::config::{consumer_config, transactional_producer_config, OffsetCommit};
-use kafka::consumer::LoopOptions;
 use kafka::producer::Producer;
 use kafka::{KafkaArgs, Profile, TopicArgs};
 
@@ -117,19 +115,20 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
         &consumer_config(&kafka, "antifraude", &group, OffsetCommit::InTransaction),
         &[&input],
     )?;
-    let analyser = analysis::Analyser::new(
+    let client = kafka::exactly_once::LibrdkafkaClient::new(
         consumer.clone(),
         transactional_producer_config(&kafka, "antifraude", &transactional_id, profile.transaction_linger()),
+    );
+    let analyser = analysis::Analyser::new(
         analysis::Topics { analysed: kafka.topic(topics::ANALYSED), rejected: kafka.topic(topics::REJECTED) },
         scoring::Scorer { block_threshold_cents: args.block_threshold_cents },
         group.clone(),
     );
-    let options = LoopOptions {
+    let options = kafka::exactly_once::Options {
         // the article commits one transaction per record
         batch_records_max: if profile == Profile::Reference { 1 } else { args.batch_records as usize },
         batch_wait_max: Duration::from_millis(args.batch_wait_ms),
-        offsets: OffsetCommit::InTransaction,
-        ..LoopOptions::default()
+        ..kafka::exactly_once::Options::default()
     };
     tracing::info!(transactional_id, group, "antifraude starting");
 
@@ -158,15 +157,8 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
         ),
     );
     supervisor.spawn_fallible("antifraude/analysis", async move {
-        let mut analyser = analyser;
-        // a broker that is down makes registration wait up to its call timeout: a stop request
-        // meanwhile is not held up by it (the loop then returns at once)
-        tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => {}
-            _ = analyser.prepare() => {}
-        }
-        kafka::consumer::run(consumer, analyser, options, shutdown).await
+        let mut client = client;
+        kafka::exactly_once::run(&mut client, &analyser, &options, &shutdown).await
     });
     Ok(bound)
 }

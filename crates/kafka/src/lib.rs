@@ -15,6 +15,9 @@
 //! - [`consumer`]: the one consumer loop: batches to a handler, a verdict per record, offsets
 //!   stored only after the work (and any forward or dead letter) is durable, blocking retries
 //!   with backoff, records held until due with only their partition paused, graceful shutdown.
+//! - [`exactly_once`]: consume, transform and produce in one Kafka transaction per batch,
+//!   the canonical way: on any failure or rebalance every record in hand is discarded and the
+//!   partitions rewound to the group's committed offsets; behind a seam over the client.
 //! - [`dead_letter`]: dead letters with Spring Kafka's `kafka_dlt-*` headers.
 //! - [`retry_topic`]: non-blocking retries through retry topics (Spring's `retry_topic-*` and
 //!   `kafka_original-*` headers), waiting by pausing only the partition of a record not due.
@@ -39,6 +42,7 @@ pub mod context;
 pub mod dead_letter;
 pub mod delivery;
 pub mod error;
+pub mod exactly_once;
 pub mod health;
 pub mod lag;
 pub mod metadata;

@@ -311,6 +311,9 @@ async fn consume<H: Handler>(
         // attempts at the batch that failed as a whole; retries of its first record
         let mut attempt = 0u32;
         let mut head_retries = 0u32;
+        // the record those retries were of: a record dropped meanwhile (its partition revoked)
+        // takes its count away with it
+        let mut head: Option<(String, i32, i64)> = None;
         let mut retrying = false;
         loop {
             // before every attempt: what a rebalance took away since it was received is not
@@ -371,7 +374,13 @@ async fn consume<H: Handler>(
             // was the batch's first record
             let retry = match retry {
                 Some((index, failure)) => {
-                    let prior = if index == 0 { head_retries } else { 0 };
+                    let record = &batch.records[index];
+                    let same = head.as_ref().is_some_and(|(topic, partition, offset)| {
+                        record.topic() == topic
+                            && record.partition() == *partition
+                            && record.offset() == *offset
+                    });
+                    let prior = if index == 0 && same { head_retries } else { 0 };
                     match options.record_retry.after_failure(prior) {
                         Some(delay) => Some((failure, delay, prior)),
                         None => {
@@ -447,6 +456,10 @@ async fn consume<H: Handler>(
                 continue;
             };
             head_retries = prior + 1;
+            head = batch
+                .records
+                .first()
+                .map(|record| (record.topic().to_owned(), record.partition(), record.offset()));
             retrying = true;
             let record = &batch.records[0];
             metrics::counter!("retries_total", "topic" => record.topic().to_owned()).increment(1);

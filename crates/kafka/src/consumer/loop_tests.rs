@@ -199,12 +199,15 @@ impl Io for Broker {
 
 /// Handles records by their payload: `due=<ms>` is due that long after `start` (done from
 /// then on), `forward` is forwarded to `out`, `revoke` is done but its partition is revoked
-/// while it is handled. Records behind a not-due one of their partition are not touched.
+/// while it is handled, `fail=<n>` fails (a blocking retry) the first n times it is handled.
+/// Records behind a not-due one of their partition are not touched.
 struct Script {
     start: Instant,
     broker: Arc<Broker>,
     /// (partition, offset, when) of every record handled.
     handled: Arc<Mutex<Vec<(i32, i64, Duration)>>>,
+    /// Failures so far per (partition, offset) of `fail=<n>` records.
+    failed: BTreeMap<(i32, i64), u32>,
 }
 
 impl Handler for Script {
@@ -220,6 +223,15 @@ impl Handler for Script {
                 continue;
             }
             let payload = std::str::from_utf8(record.payload().unwrap_or_default()).expect("utf-8");
+            if let Some(times) = payload.strip_prefix("fail=") {
+                let failed = self.failed.entry((record.partition(), record.offset())).or_default();
+                if *failed < times.parse::<u32>().expect("times") {
+                    *failed += 1;
+                    let error = std::io::Error::other("failed");
+                    verdicts.push(Verdict::Retry(crate::dead_letter::Failure::new("Test", "Test", &error)));
+                    return Ok(verdicts); // the records after it are handed again
+                }
+            }
             if let Some(ms) = payload.strip_prefix("due=") {
                 let due = self.start + Duration::from_millis(ms.parse().expect("ms"));
                 if now < due {
@@ -267,7 +279,8 @@ impl Running {
         let broker = Arc::new(broker);
         let handled = Arc::new(Mutex::new(Vec::new()));
         let shutdown = CancellationToken::new();
-        let mut handler = Script { start, broker: broker.clone(), handled: handled.clone() };
+        let mut handler =
+            Script { start, broker: broker.clone(), handled: handled.clone(), failed: BTreeMap::new() };
         let options = LoopOptions {
             batch_wait_max: Duration::ZERO,
             forwards: Some(unused_producer()),
@@ -412,6 +425,29 @@ async fn held_records_of_a_revoked_partition_are_not_handled_here() {
     running.at(5_000).await;
     assert_eq!(running.handled(), [(0, 0, 5_000)]);
     assert_eq!(running.broker.stored(0), Some(1));
+    running.stop().await;
+}
+
+/// A record in its retries is dropped when its partition is revoked: the record handed first
+/// after it starts its own retries from the first, not from where the dropped one had got to
+/// (with that count it would be dead-lettered after one retry; here, with no dead-letter
+/// publisher, the loop would stop).
+#[tokio::test(start_paused = true)]
+async fn a_record_first_after_a_revoked_one_in_its_retries_gets_all_its_own_retries() {
+    let broker = Broker::default();
+    broker.produce(0, "fail=99");
+    broker.produce(1, "fail=2");
+    let running = Running::start(broker);
+    // partition 0's record fails at 0, then its retries at 0.5, 1.5, 3.5 and 7.5 s; the fifth
+    // would come at 15.5 s
+    running.at(10_000).await;
+    assert!(running.handled().is_empty());
+    running.broker.revoke(0);
+    // at 15.5 s partition 1's record fails (1st), its retries at 16 s (fails) and 17 s
+    running.at(17_000).await;
+    assert_eq!(running.handled(), [(1, 0, 17_000)], "handled after two retries of its own");
+    assert_eq!(running.broker.stored(1), Some(1));
+    assert_eq!(running.broker.stored(0), None);
     running.stop().await;
 }
 

@@ -2,6 +2,7 @@
 //! `pagamentos all` on a test's own topics, databases and ports.
 
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -23,6 +24,8 @@ pub struct System {
     pub ports: [u16; 4],
     /// Sends the admin token (accepted on every route) with every request.
     pub http: reqwest::Client,
+    /// Set by [`Self::keep`]: the topics outlive the test.
+    kept: AtomicBool,
 }
 
 /// A client that authenticates as the admin of the services `super::service` starts.
@@ -49,7 +52,23 @@ impl System {
         let transfers_db = TestDatabase::empty().await;
         let ledger_db = TestDatabase::empty().await;
         let ports = [free_port(), free_port(), free_port(), free_port()];
-        Self { topics, replicas, transfers_db, ledger_db, ports, http: admin_client(None) }
+        Self {
+            topics,
+            replicas,
+            transfers_db,
+            ledger_db,
+            ports,
+            http: admin_client(None),
+            kept: AtomicBool::new(false),
+        }
+    }
+
+    /// Keeps the topics when the system is dropped (as a panicking test does anyway), for a
+    /// post-mortem of `why` with the broker's own tools.
+    pub fn keep(&self, why: &str) {
+        if !self.kept.swap(true, Ordering::Relaxed) {
+            eprintln!("[system] {why}: the topics {}* will be kept", self.topics.args.topic_prefix);
+        }
     }
 
     pub fn env(&self, command: &mut Command) {
@@ -190,5 +209,36 @@ impl System {
         let report =
             format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
         (output.status.code().unwrap_or(-1), report)
+    }
+}
+
+/// A failed test (panicking) or one that found lost transfers ([`System::keep`]) leaves its
+/// topics on the broker, records, transactions' markers and committed offsets included, and
+/// says where they and the services' logs are; a passing one deletes them ([`TestTopics`]'s
+/// drop, after this).
+impl Drop for System {
+    fn drop(&mut self) {
+        if !std::thread::panicking() && !self.kept.load(Ordering::Relaxed) {
+            return;
+        }
+        let names = std::mem::take(&mut self.topics.names);
+        let prefix = &self.topics.args.topic_prefix;
+        let tmp = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let mut logs: Vec<String> = std::fs::read_dir(tmp)
+            .map(|entries| {
+                entries
+                    .filter_map(Result::ok)
+                    .filter(|entry| entry.file_name().to_string_lossy().starts_with(prefix.as_str()))
+                    .map(|entry| entry.path().display().to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        logs.sort();
+        eprintln!(
+            "[system] kept {} topics {prefix}* on {} (delete them with kafka-topics --delete --topic '{prefix}.*'); \
+             service logs: {logs:?} (System::start's), plus any log directory the test printed",
+            names.len(),
+            self.topics.args.bootstrap_servers
+        );
     }
 }

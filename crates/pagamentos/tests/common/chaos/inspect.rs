@@ -44,9 +44,15 @@ pub async fn diagnose(
     analysed: &HashMap<String, usize>,
     requests: &[Value],
 ) {
-    let ids: Vec<uuid::Uuid> = lost.iter().map(|id| id.parse().expect("uuid")).collect();
-    async fn count(pool: &sqlx::PgPool, sql: &str, ids: &[uuid::Uuid]) -> i64 {
-        sqlx::query_scalar(sql).bind(ids).fetch_one(pool).await.expect(sql)
+    // the topics stay for a post-mortem with the broker's tools, whatever the test does next
+    system.keep(&format!("{} accepted transfers lost", lost.len()));
+    // (this runs on the failure path: nothing in it panics, a failure is a printed line)
+    let ids: Vec<uuid::Uuid> = lost.iter().filter_map(|id| id.parse().ok()).collect();
+    async fn count(pool: &sqlx::PgPool, sql: &str, ids: &[uuid::Uuid]) -> String {
+        match sqlx::query_scalar::<_, i64>(sql).bind(ids).fetch_one(pool).await {
+            Ok(count) => count.to_string(),
+            Err(error) => format!("? ({error})"),
+        }
     }
     const UNPUBLISHED: &str = "SELECT count(*) FROM outbox_evento \
         WHERE publicado_em IS NULL AND (payload::jsonb->>'transferenciaId')::uuid = ANY($1)";
@@ -136,7 +142,9 @@ async fn open_transactions(system: &System, topic: &str, lost: &[&String]) {
 /// For lost transfers antifraude never analysed: where their request records are, the
 /// antifraude group's committed offset on those partitions, and which neighbouring requests
 /// were analysed (a skipped run of offsets points at a batch whose offsets were committed
-/// without its outputs; a single hole at something else).
+/// without its outputs; a single hole at something else); then, from the broker's own logs
+/// ([`super::dump`]), the transactional commit that passed each one, the range of offsets it
+/// claims and what its transaction wrote on the output topics.
 async fn unanalysed_requests(
     system: &System,
     lost: &[&String],
@@ -152,10 +160,12 @@ async fn unanalysed_requests(
     };
     let topic = system.topics.topic(contracts::topics::REQUESTED);
     let mut partitions = std::collections::BTreeSet::new();
+    let mut unanalysed = Vec::new();
     for id in lost.iter().filter(|id| !analysed.contains_key(id.as_str())) {
         for request in requests.iter().filter(|request| request["transferenciaId"] == id.as_str()) {
             let Some((partition, offset)) = at(request) else { continue };
             partitions.insert(partition);
+            unanalysed.push((id.as_str(), partition, offset));
             let neighbours: Vec<String> = requests
                 .iter()
                 .filter_map(|other| {
@@ -189,5 +199,53 @@ async fn unanalysed_requests(
     match kafka::rdkafka::consumer::Consumer::committed_offsets(&consumer, list, Duration::from_secs(10)) {
         Ok(committed) => eprintln!("[chaos] {group} committed on {topic}: {committed:?}"),
         Err(error) => eprintln!("[chaos] {group}'s committed offsets unreadable: {error}"),
+    }
+    drop(consumer);
+    if unanalysed.is_empty() {
+        return;
+    }
+    let outputs =
+        [system.topics.topic(contracts::topics::ANALYSED), system.topics.topic(contracts::topics::REJECTED)];
+    let evidence = super::dump::Evidence::gather(&system.topics.args.bootstrap_servers, &outputs).await;
+    for note in &evidence.notes {
+        eprintln!("[chaos] broker logs: {note}");
+    }
+    for (id, partition, offset) in unanalysed {
+        let passing = match evidence.passing(&group, &topic, partition, offset) {
+            Ok(passing) => passing,
+            Err(error) => {
+                eprintln!("[chaos] lost {id} (request at {topic}/{partition}/{offset}): {error}");
+                continue;
+            }
+        };
+        for line in passing.report(Some(id)) {
+            eprintln!("[chaos] lost {id}: {line}");
+        }
+        // the requests in the range the commit claims, and which of them it wrote an output for
+        let (Some(from), Some(to)) = (passing.previous, passing.commit.offset) else { continue };
+        let written: std::collections::HashSet<String> = passing
+            .outputs
+            .iter()
+            .flat_map(|(_, _, written)| written.iter().filter_map(|record| record.transfer()))
+            .collect();
+        let claimed: Vec<String> = requests
+            .iter()
+            .filter_map(|request| {
+                let (p, o) = at(request)?;
+                let transfer = request["transferenciaId"].as_str()?;
+                (p == partition && from <= o && o < to).then(|| {
+                    let how = match (written.contains(transfer), analysed.contains_key(transfer)) {
+                        (true, _) => "in this transaction",
+                        (false, true) => "analysed elsewhere",
+                        (false, false) => "NEVER analysed",
+                    };
+                    format!("{o}:{transfer}:{how}")
+                })
+            })
+            .collect();
+        eprintln!(
+            "[chaos] lost {id}: the {} request(s) in [{from}, {to}) on {topic}/{partition}: {claimed:?}",
+            claimed.len()
+        );
     }
 }

@@ -3,6 +3,7 @@
 //! the suite's own.
 
 pub mod cluster;
+pub mod dump;
 pub mod inspect;
 pub mod network;
 pub mod processes;

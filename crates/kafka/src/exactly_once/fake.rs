@@ -93,6 +93,8 @@ pub(super) struct Inner {
     /// acknowledgement): its offsets are refused until it polls again.
     member_fenced: bool,
     clock: u64,
+    /// The clock's tick of each partition's last revocation.
+    pub revoked_at: BTreeMap<Partition, u64>,
     pub calls: BTreeMap<&'static str, usize>,
     faults: Vec<Fault>,
     next: usize,
@@ -141,6 +143,7 @@ impl Inner {
                 Fault::Rebalance { partition, other_member_commits, keep_position, .. } => {
                     let partition = Partition::new(TOPIC, partition);
                     self.clock += 1;
+                    self.revoked_at.insert(partition.clone(), self.clock);
                     // outside a poll the member cannot have acknowledged the revocation: the
                     // coordinator gave its partition away because it fenced the member, whose
                     // next offsets it refuses until the member polls (and joins) again

@@ -12,6 +12,8 @@
 //! Kafka to Kafka only: no database. Exactly-once comes from Kafka transactions with the
 //! consumed offsets inside (KIP-447), `read_committed` readers and deterministic derived ids.
 
+#![forbid(unsafe_code)]
+
 pub mod analysis;
 pub mod scoring;
 

@@ -7,6 +7,8 @@
 //! services' histograms, writes `results.json`, `summary.md` and the latency-vs-load plot,
 //! and prints `{"fast": …, "reference": …, "ratio": {"throughput", "p99"}}` as its last line.
 
+#![forbid(unsafe_code)]
+
 mod plot;
 mod procs;
 mod prom;

@@ -19,6 +19,8 @@
 //! This crate knows nothing of Kafka clients, databases or HTTP: it depends on serde and a few
 //! value crates only, so every other crate can use it.
 
+#![forbid(unsafe_code)]
+
 pub mod domain;
 pub mod events;
 pub mod headers;

@@ -27,14 +27,17 @@
 //! Knows nothing of the services' tables: how to reach a server that takes writes, what its
 //! errors mean, whether it answers, and whether a migrator's migrations are applied.
 
+#![forbid(unsafe_code)]
+
 pub mod failure;
 pub mod health;
 pub mod schema;
 
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use sqlx::{ConnectOptions as _, PgConnection, PgPool};
+use telemetry::transport::Exposure;
 
 /// The server's TCP keepalives on our connections: idle time before the first probe,
 /// interval, and probes lost before the server drops a client that vanished (about 60 s), so
@@ -175,6 +178,59 @@ impl Hosts {
     pub fn is_empty(&self) -> bool {
         self.servers.is_empty()
     }
+
+    /// `host:port` and `sslmode` of each server of the list that would be reached unverified
+    /// off the machine ([`unverified_off_machine`]), as the URL (and `PG*` variables) say.
+    pub fn unverified_off_machine(&self) -> Vec<(String, PgSslMode)> {
+        self.servers
+            .iter()
+            .filter(|server| {
+                let socket = server.get_socket().is_some() || server.get_host().starts_with('/');
+                unverified_off_machine(server.get_host(), socket, server.get_ssl_mode())
+            })
+            .map(|server| (address(server), server.get_ssl_mode()))
+            .collect()
+    }
+}
+
+/// Whether a connection to `host` (a Unix socket when `socket`) with `mode` would leave the
+/// machine without a verified TLS connection (`CONTRACT.md` §1, *Transport fails closed*): a
+/// host that is not a loopback address (`telemetry::transport::is_loopback`: no name but
+/// `localhost` counts, nothing is resolved) with any `sslmode` below `verify-full`: `disable`,
+/// `allow` and `prefer` may send everything in the clear, `require` and `verify-ca` accept a
+/// server that is not the host named (a man in the middle with any certificate, or any
+/// certificate of the CA).
+pub fn unverified_off_machine(host: &str, socket: bool, mode: PgSslMode) -> bool {
+    !socket && !telemetry::transport::is_loopback(host) && !matches!(mode, PgSslMode::VerifyFull)
+}
+
+/// `sslmode` as written in a URL.
+pub fn ssl_mode_name(mode: PgSslMode) -> &'static str {
+    match mode {
+        PgSslMode::Disable => "disable",
+        PgSslMode::Allow => "allow",
+        PgSslMode::Prefer => "prefer",
+        PgSslMode::Require => "require",
+        PgSslMode::VerifyCa => "verify-ca",
+        PgSslMode::VerifyFull => "verify-full",
+    }
+}
+
+/// The servers of `url`, the value of the setting `setting` (e.g. `LEDGER_DATABASE_URL`), that
+/// would be reached unverified off the machine, for the check where each command starts
+/// (`telemetry::transport::TransportArgs::check`), before anything connects. A URL that does
+/// not parse is an error naming the setting (nothing could connect with it either).
+pub fn transport_exposures(setting: &'static str, url: &str) -> Result<Vec<Exposure>, Error> {
+    let hosts = Hosts::parse(url).map_err(|error| Error::Url(format!("{setting}: {error}")))?;
+    Ok(hosts
+        .unverified_off_machine()
+        .into_iter()
+        .map(|(address, mode)| Exposure {
+            setting,
+            address,
+            why: format!("its sslmode is {} (verify-full needed, with sslrootcert)", ssl_mode_name(mode)),
+        })
+        .collect())
 }
 
 /// `tail` (path and query of a URL) without `target_session_attrs`, which sqlx does not know.
@@ -399,6 +455,78 @@ mod tests {
         }
         assert!(Hosts::parse("postgres://u@a,,b/db").is_err(), "an empty host");
         assert!(Hosts::parse("ledger.internal/db").is_err(), "no scheme");
+    }
+
+    const EVERY_MODE: [PgSslMode; 6] = [
+        PgSslMode::Disable,
+        PgSslMode::Allow,
+        PgSslMode::Prefer,
+        PgSslMode::Require,
+        PgSslMode::VerifyCa,
+        PgSslMode::VerifyFull,
+    ];
+
+    #[test]
+    fn off_the_machine_only_verify_full_goes_without_the_opt_in() {
+        for mode in EVERY_MODE {
+            let verified = matches!(mode, PgSslMode::VerifyFull);
+            for host in ["db.internal", "10.255.255.1", "0.0.0.0", "localhost.localdomain", "fe80::1"] {
+                assert_eq!(unverified_off_machine(host, false, mode), !verified, "{host} {mode:?}");
+            }
+            for host in ["localhost", "127.0.0.1", "127.1.2.3", "::1", "[::1]"] {
+                assert!(!unverified_off_machine(host, false, mode), "{host} {mode:?}");
+            }
+            // a Unix socket never leaves the machine
+            assert!(!unverified_off_machine("/var/run/postgresql", true, mode), "{mode:?}");
+        }
+    }
+
+    #[test]
+    fn every_server_of_a_url_is_checked_with_the_sslmode_it_says() {
+        let exposures = |url: &str| {
+            transport_exposures("LEDGER_DATABASE_URL", url)
+                .expect("parses")
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+        };
+        for mode in EVERY_MODE {
+            let name = ssl_mode_name(mode);
+            assert_eq!(name.parse::<PgSslMode>().map(ssl_mode_name).ok(), Some(name));
+            let local =
+                format!("postgres://u:pw@localhost:5432,127.0.0.1:5433,[::1]:5434/ledger?sslmode={name}");
+            assert!(exposures(&local).is_empty(), "{local}");
+            let remote =
+                format!("postgres://u:pw@db1.internal,127.0.0.1:5433,10.0.0.2:5434/ledger?sslmode={name}");
+            if matches!(mode, PgSslMode::VerifyFull) {
+                assert!(exposures(&remote).is_empty(), "{remote}");
+            } else {
+                assert_eq!(
+                    exposures(&remote),
+                    [
+                        format!(
+                            "LEDGER_DATABASE_URL names db1.internal:5432, not a loopback address, and its \
+                             sslmode is {name} (verify-full needed, with sslrootcert)"
+                        ),
+                        format!(
+                            "LEDGER_DATABASE_URL names 10.0.0.2:5434, not a loopback address, and its \
+                             sslmode is {name} (verify-full needed, with sslrootcert)"
+                        ),
+                    ],
+                    "{remote}"
+                );
+            }
+        }
+        // the default sslmode (prefer) may fall back to plaintext
+        assert_eq!(exposures("postgres://u@db.internal/ledger").len(), 1);
+        // a socket directory as the host, in the authority or as `host=`
+        assert!(exposures("postgres://u@%2Fvar%2Frun%2Fpostgresql/ledger").is_empty());
+        assert!(exposures("postgres://u@db.internal/ledger?host=/var/run/postgresql").is_empty());
+        // `hostaddr` is where it connects
+        assert_eq!(exposures("postgres://u@localhost/ledger?hostaddr=10.0.0.3").len(), 1);
+        let error = transport_exposures("LEDGER_DATABASE_URL", "ledger.internal/db").expect_err("no scheme");
+        assert!(error.to_string().contains("LEDGER_DATABASE_URL"), "{error}");
+        assert!(!format!("{:?}", exposures("postgres://u:s3cret@db.internal/ledger")).contains("s3cret"));
     }
 
     #[test]

@@ -11,12 +11,37 @@ use sqlx::migrate::Migrator;
 use sqlx::PgPool;
 
 /// What [`migrate_or_check`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Prepared {
-    /// Connected as the schema's owner: migrations applied (if any were missing).
-    Migrated,
+    /// Connected as `role`, the schema's owner (or a member of the owning role, or a
+    /// superuser): migrations applied (if any were missing).
+    Migrated { role: String },
     /// Connected as a role that does not own the schema: every migration was already applied.
     Checked,
+}
+
+impl Prepared {
+    /// What a service connected to `database` says on `/readyz` and in its log when its role
+    /// owns the schema (issue #46): it may change the schema and rewrite or delete what its
+    /// runtime role may only append, so whoever takes the service holds the books. `None` for
+    /// a runtime role.
+    pub fn owner_warning(&self, database: &str) -> Option<String> {
+        match self {
+            Self::Migrated { role } => Some(format!(
+                "connected to the {database} database as {role}, which owns its schema: the service may \
+                 change the schema and rewrite what its runtime role may only append; run it as the \
+                 runtime role (the stack's {database}_app) and migrate with `pagamentos migrate`"
+            )),
+            Self::Checked => None,
+        }
+    }
+
+    /// [`Self::owner_warning`], logged as a warning naming `database`.
+    pub fn warn_if_owner(&self, database: &str) -> Option<String> {
+        let warning = self.owner_warning(database)?;
+        tracing::warn!(database, "{warning}");
+        Some(warning)
+    }
 }
 
 /// Why a database is not ready for the service.
@@ -51,7 +76,7 @@ pub async fn migrate_or_check(pool: &PgPool, migrator: &Migrator) -> Result<Prep
     .await?;
     if owner {
         migrator.run(pool).await?;
-        return Ok(Prepared::Migrated);
+        return Ok(Prepared::Migrated { role });
     }
     let history_exists: bool =
         sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL").fetch_one(pool).await?;
@@ -78,4 +103,19 @@ pub async fn migrate_or_check(pool: &PgPool, migrator: &Migrator) -> Result<Prep
         return Err(SchemaError::NotMigrated { role, missing });
     }
     Ok(Prepared::Checked)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_owner_is_warned_about() {
+        let owner = Prepared::Migrated { role: "ledger".into() };
+        let warning = owner.owner_warning("ledger").expect("the owner is warned about");
+        assert!(warning.starts_with("connected to the ledger database as ledger, which owns its schema"));
+        assert!(warning.contains("ledger_app"), "{warning}");
+        assert_eq!(Prepared::Checked.owner_warning("ledger"), None);
+        assert_eq!(Prepared::Checked.warn_if_owner("transferencias"), None);
+    }
 }

@@ -6,6 +6,18 @@
 //! that occurs more than once (the retry topics append one value per hop, as Spring does) is
 //! read at its last value; a replay copies every value, in order.
 //!
+//! # Replay goes back only where a letter came from
+//! Whoever may write a `-dlt` topic chooses a dead letter's headers, its original-topic header
+//! included, while the operator who replays it may write every topic. So a replay sends a
+//! letter only to the dead-letter topic's own source (its name without `-dlt`; the topic
+//! prefix is part of both names) or to one of that source's retry topics
+//! (`<source>-retry-<ms>`), whatever the header or `--to` says ([`check_destination`],
+//! `CONTRACT.md` §3). A letter asking for any other topic is refused: logged (a warning naming
+//! its partition, offset, destination and why), counted in [`REFUSED_METRIC`]`{topic}`, listed
+//! in the [`ReplaySummary`], and left in place, not marked replayed (it stays in
+//! `dlt_mensagens_retidas` and in `pagamentos dlt list`). `--all` goes on with the other
+//! letters; a `--to` elsewhere is refused before anything is read or sent.
+//!
 //! # Replay progress
 //! Kept as committed offsets of the consumer group `pagamentos-dlt-replay` (behind the topic
 //! prefix), so a dead letter is never replayed twice by accident: per partition, every offset
@@ -43,6 +55,11 @@ pub const REPLAYED_FROM: &str = "pagamentos_dlt-replayed-from";
 const METADATA_MAX_BYTES: usize = 4000;
 const METADATA_PREFIX: &str = "replayed=";
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Counter of replays refused because of where they would go, by dead-letter topic: one per
+/// refused letter, one per refused `--to` (dry runs count nothing).
+pub const REFUSED_METRIC: &str = "dlt_replay_refused_total";
+/// Between a source topic and a retry topic's delay: `<source>-retry-<ms>`.
+const RETRY_INFIX: &str = "-retry-";
 /// How long a read may see nothing before the partitions count as read to their end.
 const IDLE_END: Duration = Duration::from_secs(10);
 
@@ -59,8 +76,10 @@ pub enum DltError {
     NoRecord { topic: String, partition: i32, offset: i64, low: i64, high: i64 },
     #[error("{topic} partition {partition} offset {offset} was replayed already; nothing sent")]
     AlreadyReplayed { topic: String, partition: i32, offset: i64 },
-    #[error("{topic} partition {partition} offset {offset} names no original topic (no kafka_dlt-original-topic or kafka_original-topic header); give --to TOPIC")]
-    NoOriginalTopic { topic: String, partition: i32, offset: i64 },
+    #[error("{topic} partition {partition} offset {offset} refused: {refusal}; left in place, not replayed")]
+    Refused { topic: String, partition: i32, offset: i64, refusal: Refusal },
+    #[error("replay of {topic} refused: {refusal}; nothing read or sent")]
+    DestinationRefused { topic: String, refusal: Refusal },
     #[error("too many single replays on {topic} partition {partition} to record; replay the partition with --all first")]
     TooManySingles { topic: String, partition: i32 },
     #[error("Kafka {operation} failed")]
@@ -75,6 +94,61 @@ pub enum DltError {
 
 fn kafka(operation: &'static str) -> impl FnOnce(KafkaError) -> DltError {
     move |source| DltError::Kafka { operation, source }
+}
+
+/// Why a replay will not send a dead letter where it asks to go.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The destination is neither the dead-letter topic's source nor one of its retry topics.
+    #[error("{destination} is neither {origin} nor one of its retry topics ({origin}-retry-<ms>): a dead letter goes back only where it came from")]
+    Elsewhere { origin: String, destination: String },
+    /// The dead-letter topic's name does not end in `-dlt`: it has no source to go back to.
+    #[error("{dlt_topic} is not a dead-letter topic (<source>-dlt): nowhere to replay to")]
+    NoSource { dlt_topic: String },
+    /// No original-topic header, and no `--to`.
+    #[error("it names no original topic (no kafka_dlt-original-topic or kafka_original-topic header); give --to TOPIC")]
+    NoOriginalTopic,
+}
+
+/// The topic `dlt_topic` (a full name, prefix included) collects dead letters of: its name
+/// without `-dlt`.
+pub fn source_of(dlt_topic: &str) -> Option<&str> {
+    dlt_topic.strip_suffix(contracts::topics::DEAD_LETTER_SUFFIX).filter(|source| !source.is_empty())
+}
+
+/// Whether a letter of `dlt_topic` may be replayed to `destination` (both full names, the
+/// topic prefix included, as on the broker): only to the source of `dlt_topic` or to one of
+/// its retry topics, `<source>-retry-<ms>` with `<ms>` a positive number written plainly.
+/// Anything else would let whoever writes the dead-letter topic reach another topic through an
+/// operator's replay (`CONTRACT.md` §3).
+pub fn check_destination(dlt_topic: &str, destination: &str) -> Result<(), Refusal> {
+    let source = source_of(dlt_topic).ok_or_else(|| Refusal::NoSource { dlt_topic: dlt_topic.to_owned() })?;
+    if destination == source {
+        return Ok(());
+    }
+    let delay = destination.strip_prefix(source).and_then(|rest| rest.strip_prefix(RETRY_INFIX));
+    let plain_delay =
+        delay.and_then(|delay| delay.parse::<u32>().ok().filter(|ms| *ms > 0 && ms.to_string() == delay));
+    match plain_delay {
+        Some(_) => Ok(()),
+        None => Err(Refusal::Elsewhere { origin: source.to_owned(), destination: destination.to_owned() }),
+    }
+}
+
+/// Where a replay sends `record`, read from `dlt_topic`: `to`, else its original-topic header
+/// ([`original_topic`]); refused unless that is the source of `dlt_topic` or one of its retry
+/// topics ([`check_destination`]).
+pub fn replay_destination(
+    dlt_topic: &str,
+    record: &OwnedMessage,
+    to: Option<&str>,
+) -> Result<String, Refusal> {
+    let destination = match to {
+        Some(to) => to.to_owned(),
+        None => original_topic(record).ok_or(Refusal::NoOriginalTopic)?,
+    };
+    check_destination(dlt_topic, &destination)?;
+    Ok(destination)
 }
 
 /// Replay progress of one partition.
@@ -251,6 +325,20 @@ pub enum Selection {
     All,
 }
 
+/// A dead letter a replay refused (left in place, not marked replayed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefusedLetter {
+    pub partition: i32,
+    pub offset: i64,
+    pub refusal: Refusal,
+}
+
+impl fmt::Display for RefusedLetter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "partition {} offset {} refused: {}", self.partition, self.offset, self.refusal)
+    }
+}
+
 /// The outcome of a replay.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReplaySummary {
@@ -258,11 +346,20 @@ pub struct ReplaySummary {
     pub replayed: u64,
     /// Records skipped because they were replayed before.
     pub skipped: u64,
+    /// Records refused for where they would go (or, in a dry run, that would be), in the
+    /// order read; left in place.
+    pub refused: Vec<RefusedLetter>,
 }
 
 impl fmt::Display for ReplaySummary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} replayed, {} already replayed before", self.replayed, self.skipped)
+        write!(
+            f,
+            "{} replayed, {} already replayed before, {} refused",
+            self.replayed,
+            self.skipped,
+            self.refused.len()
+        )
     }
 }
 
@@ -461,6 +558,12 @@ impl DeadLetterTopic {
 
     /// Replays `selection` to each record's original topic (or `to`), recording progress.
     /// `dry_run` sends and records nothing. `progress` is told (done, total) as records go.
+    ///
+    /// Only to this topic's source or its retry topics ([`check_destination`]): a `to`
+    /// elsewhere is refused before anything is read ([`DltError::DestinationRefused`]); one
+    /// record whose header names another topic is refused ([`DltError::Refused`]); with
+    /// [`Selection::All`] such records are refused one by one, listed in the summary, and the
+    /// others replayed. Every refusal is logged and counted ([`REFUSED_METRIC`]).
     pub fn replay(
         &self,
         producer: &Producer,
@@ -470,25 +573,44 @@ impl DeadLetterTopic {
         dry_run: bool,
         mut on_progress: impl FnMut(u64, u64),
     ) -> Result<ReplaySummary, DltError> {
+        if let Some(to) = to {
+            if let Err(refusal) = check_destination(&self.topic, to) {
+                tracing::warn!(topic = %self.topic, destination = to, reason = %refusal, "dead-letter replay refused: --to names a topic the letters did not come from; nothing sent");
+                if !dry_run {
+                    metrics::counter!(REFUSED_METRIC, "topic" => self.topic.clone()).increment(1);
+                }
+                return Err(DltError::DestinationRefused { topic: self.topic.clone(), refusal });
+            }
+        }
         match selection {
             Selection::One { partition, offset } => {
                 self.replay_one(producer, runtime, partition, offset, to, dry_run)?;
                 on_progress(1, 1);
-                Ok(ReplaySummary { replayed: 1, skipped: 0 })
+                Ok(ReplaySummary { replayed: 1, ..ReplaySummary::default() })
             }
             Selection::All => self.replay_all(producer, runtime, to, dry_run, on_progress),
         }
     }
 
-    fn destination(&self, record: &OwnedMessage, to: Option<&str>) -> Result<String, DltError> {
-        match to {
-            Some(to) => Ok(to.to_owned()),
-            None => original_topic(record).ok_or_else(|| DltError::NoOriginalTopic {
-                topic: self.topic.clone(),
-                partition: record.partition(),
-                offset: record.offset(),
-            }),
+    fn destination(&self, record: &OwnedMessage, to: Option<&str>) -> Result<String, Refusal> {
+        replay_destination(&self.topic, record, to)
+    }
+
+    /// Logs and counts the refusal of `record` (what it asked for, and why not).
+    fn refuse(&self, record: &OwnedMessage, refusal: &Refusal, dry_run: bool) -> RefusedLetter {
+        tracing::warn!(
+            topic = %self.topic,
+            partition = record.partition(),
+            offset = record.offset(),
+            destination = original_topic(record).as_deref().unwrap_or("-"),
+            reason = %refusal,
+            dry_run,
+            "dead letter refused: left in place, not replayed"
+        );
+        if !dry_run {
+            metrics::counter!(REFUSED_METRIC, "topic" => self.topic.clone()).increment(1);
         }
+        RefusedLetter { partition: record.partition(), offset: record.offset(), refusal: refusal.clone() }
     }
 
     fn replay_one(
@@ -522,7 +644,10 @@ impl DeadLetterTopic {
             Ok(false) // the first record at or after `offset` decides
         })?;
         let record = found.ok_or_else(missing)?;
-        let destination = self.destination(&record, to)?;
+        let destination = self.destination(&record, to).map_err(|refusal| {
+            let refused = self.refuse(&record, &refusal, dry_run);
+            DltError::Refused { topic: self.topic.clone(), partition, offset, refusal: refused.refusal }
+        })?;
         if dry_run {
             return Ok(());
         }
@@ -552,19 +677,19 @@ impl DeadLetterTopic {
         on_progress(0, total);
         // sent in groups; progress committed after each group's acknowledgements
         const GROUP: usize = 256;
-        let mut pending: Vec<OwnedMessage> = Vec::with_capacity(GROUP);
-        let mut flush = |pending: &mut Vec<OwnedMessage>,
+        let mut pending: Vec<(OwnedMessage, String)> = Vec::with_capacity(GROUP);
+        let mut flush = |pending: &mut Vec<(OwnedMessage, String)>,
                          states: &mut Vec<(i32, Progress)>,
                          summary: &mut ReplaySummary|
          -> Result<(), DltError> {
             if pending.is_empty() {
                 return Ok(());
             }
-            let records = pending
-                .iter()
-                .map(|record| Ok(replay_record(&self.topic, record, &self.destination(record, to)?)))
-                .collect::<Result<Vec<_>, DltError>>()?;
             if !dry_run {
+                let records: Vec<OutgoingRecord> = pending
+                    .iter()
+                    .map(|(record, destination)| replay_record(&self.topic, record, destination))
+                    .collect();
                 let results = runtime
                     .block_on(futures::future::join_all(records.iter().map(|record| producer.send(record))));
                 for result in results {
@@ -572,7 +697,7 @@ impl DeadLetterTopic {
                 }
             }
             let mut touched = BTreeSet::new();
-            for record in pending.drain(..) {
+            for (record, _) in pending.drain(..) {
                 if let Some((_, state)) =
                     states.iter_mut().find(|(partition, _)| *partition == record.partition())
                 {
@@ -586,7 +711,7 @@ impl DeadLetterTopic {
                     self.commit(*partition, state)?;
                 }
             }
-            on_progress(summary.replayed, total);
+            on_progress(summary.replayed + summary.refused.len() as u64, total);
             Ok(())
         };
         let snapshot = states.clone();
@@ -599,7 +724,11 @@ impl DeadLetterTopic {
                 summary.skipped += 1;
                 return Ok(true);
             }
-            pending.push(record);
+            match self.destination(&record, to) {
+                Ok(destination) => pending.push((record, destination)),
+                // not marked: the progress stops below it, the letter stays retained
+                Err(refusal) => summary.refused.push(self.refuse(&record, &refusal, dry_run)),
+            }
             if pending.len() >= GROUP {
                 flush(&mut pending, &mut states, &mut summary)?;
             }
@@ -607,8 +736,16 @@ impl DeadLetterTopic {
         })?;
         flush(&mut pending, &mut states, &mut summary)?;
         if !dry_run {
-            // past trailing commit markers and skipped singles too: nothing there to replay
+            // past trailing commit markers and skipped singles too (nothing there to replay),
+            // but never past a refused letter: it stays unreplayed
             for (partition, end) in ends {
+                let first_refused = summary
+                    .refused
+                    .iter()
+                    .filter(|refused| refused.partition == partition)
+                    .map(|refused| refused.offset)
+                    .min();
+                let end = first_refused.map_or(end, |refused| refused.min(end));
                 if let Some((_, state)) = states.iter_mut().find(|(candidate, _)| *candidate == partition) {
                     let before = state.clone();
                     state.advance_to(end);
@@ -739,6 +876,157 @@ mod tests {
         assert_eq!(replay_record("x-dlt", &blocking, "y").partition, Some(1));
         let bare = OwnedMessage::new(None, None, "x-dlt".into(), Timestamp::NotAvailable, 0, 0, None);
         assert_eq!(original_topic(&bare), None);
+    }
+
+    /// A letter of `dlt_topic` whose `header` names `original`.
+    fn naming(dlt_topic: &str, header: &str, original: &str) -> OwnedMessage {
+        let headers = OwnedHeaders::new().insert(Header { key: header, value: Some(original.as_bytes()) });
+        OwnedMessage::new(
+            Some(br#"{"transferenciaId":"x"}"#.to_vec()),
+            Some(b"SEC-A".to_vec()),
+            dlt_topic.into(),
+            Timestamp::CreateTime(1),
+            0,
+            3,
+            Some(headers),
+        )
+    }
+
+    fn elsewhere(source: &str, destination: &str) -> Refusal {
+        Refusal::Elsewhere { origin: source.into(), destination: destination.into() }
+    }
+
+    const SETTLED_DLT: &str = "transferencias.liquidada-dlt";
+    const SETTLED: &str = "transferencias.liquidada";
+
+    #[test]
+    fn a_letter_whose_header_names_another_topic_is_refused() {
+        // notificacoes may write transferencias.liquidada-dlt: an analysis addressed to the
+        // ledger's input, in either family of headers
+        for header in ["kafka_dlt-original-topic", "kafka_original-topic"] {
+            let forged = naming(SETTLED_DLT, header, "transferencias.analisada");
+            assert_eq!(
+                replay_destination(SETTLED_DLT, &forged, None),
+                Err(elsewhere(SETTLED, "transferencias.analisada")),
+                "{header}"
+            );
+        }
+        // lookalikes of the source and of its retry topics
+        for destination in [
+            "transferencias.solicitada",
+            "transferencias.rejeitada",
+            "transferencias.rejeitada-retry-1000",
+            "transferencias.liquidada-dlt",
+            "transferencias.liquidadaX",
+            "transferencias.liquidada-retry-",
+            "transferencias.liquidada-retry-0",
+            "transferencias.liquidada-retry-01000",
+            "transferencias.liquidada-retry-+1000",
+            "transferencias.liquidada-retry--1000",
+            "transferencias.liquidada-retry-1000x",
+            "transferencias.liquidada-retry-1000-dlt",
+            "transferencias.liquidada-retry-99999999999",
+            "transferencias.liquidada-retry-1000.transferencias.analisada",
+            "x.transferencias.liquidada",
+            "transferencias.liquidada ",
+        ] {
+            let forged = naming(SETTLED_DLT, "kafka_dlt-original-topic", destination);
+            assert_eq!(replay_destination(SETTLED_DLT, &forged, None), Err(elsewhere(SETTLED, destination)));
+        }
+        // no header and no --to: nowhere to go
+        let bare = OwnedMessage::new(None, None, SETTLED_DLT.into(), Timestamp::NotAvailable, 0, 0, None);
+        assert_eq!(replay_destination(SETTLED_DLT, &bare, None), Err(Refusal::NoOriginalTopic));
+        let empty = naming(SETTLED_DLT, "kafka_original-topic", "");
+        assert_eq!(replay_destination(SETTLED_DLT, &empty, None), Err(Refusal::NoOriginalTopic));
+    }
+
+    #[test]
+    fn to_elsewhere_is_refused_whatever_the_letter_says() {
+        let legit = naming(SETTLED_DLT, "kafka_original-topic", SETTLED);
+        for to in
+            ["transferencias.analisada", "transferencias.solicitada", "transferencias.rejeitada-retry-1000"]
+        {
+            assert_eq!(replay_destination(SETTLED_DLT, &legit, Some(to)), Err(elsewhere(SETTLED, to)));
+        }
+        // --to overrides a forged header only towards the source's own topics
+        let forged = naming(SETTLED_DLT, "kafka_dlt-original-topic", "transferencias.analisada");
+        assert_eq!(
+            replay_destination(SETTLED_DLT, &forged, Some("transferencias.liquidada-retry-1000")).as_deref(),
+            Ok("transferencias.liquidada-retry-1000")
+        );
+        assert_eq!(replay_destination(SETTLED_DLT, &forged, Some(SETTLED)).as_deref(), Ok(SETTLED));
+    }
+
+    #[test]
+    fn the_source_and_its_retry_topics_are_allowed_and_nothing_else_of_the_plan() {
+        let legit = |destination: &str| naming(SETTLED_DLT, "kafka_original-topic", destination);
+        for destination in [
+            SETTLED,
+            "transferencias.liquidada-retry-1000",
+            "transferencias.liquidada-retry-2000",
+            "transferencias.liquidada-retry-4000",
+        ] {
+            assert_eq!(
+                replay_destination(SETTLED_DLT, &legit(destination), None).as_deref(),
+                Ok(destination)
+            );
+        }
+        // a blocking handler's letter of the ledger's input goes back to it
+        let analysed =
+            naming("transferencias.analisada-dlt", "kafka_dlt-original-topic", "transferencias.analisada");
+        assert_eq!(
+            replay_destination("transferencias.analisada-dlt", &analysed, None).as_deref(),
+            Ok("transferencias.analisada")
+        );
+        // every pair of the topic plan, with and without a prefix
+        for prefix in ["", "it-7."] {
+            let plan = contracts::topics::plan(prefix);
+            for dead_letters in &plan {
+                let contracts::topics::TopicKind::DeadLetter { source } = &dead_letters.kind else {
+                    continue;
+                };
+                for other in &plan {
+                    let own = other.name == *source
+                        || matches!(&other.kind, contracts::topics::TopicKind::Retry { source: of, .. } if of == source);
+                    assert_eq!(
+                        check_destination(&dead_letters.name, &other.name).is_ok(),
+                        own,
+                        "{} → {}",
+                        dead_letters.name,
+                        other.name
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_topic_prefix_is_part_of_both_names() {
+        let dlt = "it-7.transferencias.liquidada-dlt";
+        assert_eq!(source_of(dlt), Some("it-7.transferencias.liquidada"));
+        assert_eq!(check_destination(dlt, "it-7.transferencias.liquidada"), Ok(()));
+        assert_eq!(check_destination(dlt, "it-7.transferencias.liquidada-retry-1000"), Ok(()));
+        // the unprefixed (production) topics, another prefix's, another topic behind the same
+        for destination in [
+            SETTLED,
+            "transferencias.liquidada-retry-1000",
+            "it-8.transferencias.liquidada",
+            "it-7.transferencias.analisada",
+        ] {
+            assert_eq!(
+                check_destination(dlt, destination),
+                Err(elsewhere("it-7.transferencias.liquidada", destination))
+            );
+        }
+        // and a letter of the production set cannot reach a prefixed one either
+        assert_eq!(
+            check_destination(SETTLED_DLT, "it-7.transferencias.liquidada"),
+            Err(elsewhere(SETTLED, "it-7.transferencias.liquidada"))
+        );
+        // a topic that is no dead-letter topic has no source
+        for topic in [SETTLED, "-dlt", ""] {
+            assert_eq!(check_destination(topic, SETTLED), Err(Refusal::NoSource { dlt_topic: topic.into() }));
+        }
     }
 
     fn letter(headers: &[(&str, &[u8])]) -> OwnedMessage {

@@ -13,5 +13,7 @@
 //! Errors of the topic administration are `kafka::Error`'s (`Admin`, `NoLeader`, `Refused`,
 //! `Unreachable`), so a service's error type needs no new variant for them.
 
+#![forbid(unsafe_code)]
+
 pub mod dlt;
 pub mod topics;

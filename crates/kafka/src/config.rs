@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
+use telemetry::transport::Exposure;
 
 /// Where Kafka is and how groups rebalance; flattened into each command's arguments.
 #[derive(Debug, Clone, clap::Args)]
@@ -49,6 +50,56 @@ impl KafkaArgs {
     /// Consumer group `name` behind the same prefix, so isolated topic sets get isolated groups.
     pub fn group(&self, name: &str) -> String {
         format!("{}{name}", self.topic_prefix)
+    }
+
+    /// The bootstrap servers every client would reach in plaintext off the machine
+    /// (`CONTRACT.md` §1, *Transport fails closed*): see [`plaintext_off_machine`]. Checked
+    /// where each command starts, before any client exists.
+    pub fn transport_exposures(&self) -> Vec<Exposure> {
+        let protocol = self.security.protocol;
+        plaintext_off_machine(&self.bootstrap_servers, protocol)
+            .into_iter()
+            .map(|address| Exposure {
+                setting: "KAFKA_BOOTSTRAP_SERVERS",
+                address,
+                why: format!("KAFKA_SECURITY_PROTOCOL is {protocol} (ssl or sasl_ssl needed)"),
+            })
+            .collect()
+    }
+}
+
+/// The servers of `bootstrap_servers` (comma-separated `[proto://]host[:port]`, `[v6]:port`)
+/// that `protocol` would reach in plaintext off the machine: none with TLS (`ssl`,
+/// `sasl_ssl`, whose brokers' certificates librdkafka verifies against the host dialled);
+/// else each one whose host is not a loopback address (`telemetry::transport::is_loopback`:
+/// no name but `localhost` counts, nothing is resolved). SASL without TLS counts as plaintext:
+/// the records, and with `PLAIN` the password, cross the network in the clear.
+pub fn plaintext_off_machine(bootstrap_servers: &str, protocol: SecurityProtocol) -> Vec<String> {
+    if protocol.uses_tls() {
+        return Vec::new();
+    }
+    bootstrap_servers
+        .split(',')
+        .map(str::trim)
+        .filter(|server| !server.is_empty())
+        .filter(|server| !telemetry::transport::is_loopback(bootstrap_host(server)))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The host of one bootstrap server: `host`, `host:port`, `[v6]:port` or a bare IPv6 address,
+/// after an optional `proto://` (which librdkafka accepts and checks against
+/// `security.protocol`).
+fn bootstrap_host(server: &str) -> &str {
+    let server = server.split_once("://").map_or(server, |(_, rest)| rest);
+    if server.starts_with('[') {
+        // `[v6]` or `[v6]:port`: the brackets go to `is_loopback`, which takes them off
+        return server.find(']').map_or(server, |end| &server[..=end]);
+    }
+    match server.matches(':').count() {
+        1 => server.split_once(':').map_or(server, |(host, _port)| host),
+        // a host alone, or an IPv6 address without brackets (and so without a port)
+        _ => server,
     }
 }
 
@@ -692,6 +743,53 @@ mod tests {
         assert_eq!(get("KAFKA_SASL_PASSWORD"), Some("p"));
         assert_eq!(get("KAFKA_SSL_CA_LOCATION"), Some("/ca.pem"));
         assert_eq!(get("KAFKA_SSL_KEY_LOCATION"), None);
+    }
+
+    #[test]
+    fn plaintext_is_refused_off_the_machine_only() {
+        use SecurityProtocol::*;
+        let loopback = "localhost:9092,127.0.0.1:9093,127.0.0.53:9094,[::1]:9095,::1,LOCALHOST";
+        let off = "10.255.255.1:9092";
+        for protocol in [Plaintext, SaslPlaintext] {
+            assert_eq!(plaintext_off_machine(loopback, protocol), Vec::<String>::new(), "{protocol}");
+            assert_eq!(plaintext_off_machine(off, protocol), [off], "{protocol}");
+            // one server off the machine in a list is enough, and only it is named
+            assert_eq!(
+                plaintext_off_machine(" localhost:9092 , kafka-2.internal:9092,[fe80::1]:9092,", protocol),
+                ["kafka-2.internal:9092", "[fe80::1]:9092"],
+                "{protocol}"
+            );
+        }
+        for protocol in [Ssl, SaslSsl] {
+            for servers in [loopback, off, "kafka.internal:9093,10.0.0.1:9093"] {
+                assert!(plaintext_off_machine(servers, protocol).is_empty(), "{protocol} {servers}");
+            }
+        }
+        // no name but localhost counts, however it would resolve; nor the unspecified address
+        for host in ["localhost.localdomain:9092", "vm:9092", "0.0.0.0:9092", "[::]:9092", "kafka"] {
+            assert_eq!(plaintext_off_machine(host, Plaintext), [host]);
+        }
+        assert!(plaintext_off_machine("PLAINTEXT://127.0.0.1:9092", Plaintext).is_empty());
+        assert_eq!(
+            plaintext_off_machine("PLAINTEXT://10.0.0.1:9092", Plaintext),
+            ["PLAINTEXT://10.0.0.1:9092"]
+        );
+    }
+
+    #[test]
+    fn the_exposure_names_the_setting_and_the_protocol() {
+        let mut args = KafkaArgs::new("127.0.0.1:9092,10.255.255.1:9092");
+        args.security.protocol = SecurityProtocol::SaslPlaintext;
+        let exposures = args.transport_exposures();
+        assert_eq!(exposures.len(), 1);
+        assert_eq!(
+            exposures[0].to_string(),
+            "KAFKA_BOOTSTRAP_SERVERS names 10.255.255.1:9092, not a loopback address, and \
+             KAFKA_SECURITY_PROTOCOL is sasl_plaintext (ssl or sasl_ssl needed)"
+        );
+        args.security = KafkaSecurity::sasl_ssl("ledger", "p", "ca.pem");
+        assert!(args.transport_exposures().is_empty());
+        assert!(KafkaArgs::new("localhost:9092").transport_exposures().is_empty(), "the default");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rdkafka::admin::AdminClient;
-use rdkafka::client::ClientContext;
+use rdkafka::client::{Client, ClientContext};
 use rdkafka::config::{FromClientConfigAndContext, RDKafkaLogLevel};
 use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::error::{KafkaError, KafkaResult};
@@ -61,31 +61,36 @@ impl Context {
 
 /// A librdkafka client type built on [`Context`].
 pub trait KafkaClient: FromClientConfigAndContext<Context> {
+    /// rdkafka's client under it, which owns the `rd_kafka_t`.
+    fn rd_client(&self) -> &Client<Context>;
+
     /// The client's `rd_kafka_t`.
-    fn native_ptr(&self) -> *mut RDKafka;
+    fn native_ptr(&self) -> *mut RDKafka {
+        self.rd_client().native_ptr()
+    }
 }
 
 impl KafkaClient for StreamConsumer<Context> {
-    fn native_ptr(&self) -> *mut RDKafka {
-        self.client().native_ptr()
+    fn rd_client(&self) -> &Client<Context> {
+        self.client()
     }
 }
 
 impl KafkaClient for BaseConsumer<Context> {
-    fn native_ptr(&self) -> *mut RDKafka {
-        self.client().native_ptr()
+    fn rd_client(&self) -> &Client<Context> {
+        self.client()
     }
 }
 
 impl KafkaClient for BaseProducer<Context> {
-    fn native_ptr(&self) -> *mut RDKafka {
-        self.client().native_ptr()
+    fn rd_client(&self) -> &Client<Context> {
+        self.client()
     }
 }
 
 impl KafkaClient for AdminClient<Context> {
-    fn native_ptr(&self) -> *mut RDKafka {
-        self.inner().native_ptr()
+    fn rd_client(&self) -> &Client<Context> {
+        self.inner()
     }
 }
 
@@ -418,58 +423,25 @@ fn is_refusal(error: &KafkaError) -> bool {
 /// admin client's main queue is polled by nobody (rdkafka's admin thread polls the queue of
 /// its requests): without this, "Authentication failed" would never reach the operator.
 pub fn drain_main_queue<T: KafkaClient>(client: &T, context: &Context) {
-    use rdkafka::bindings as rd;
-    use std::ffi::CStr;
-    // SAFETY: `client.native_ptr()` is the live `rd_kafka_t` of `client`, which the caller
-    // borrows for the whole call. `rd_kafka_queue_get_main` returns a new reference to its main
-    // queue, released by `rd_kafka_queue_destroy` below; `rd_kafka_queue_poll` with timeout 0
-    // returns an event owned by us (or NULL), released by `rd_kafka_event_destroy` after its
-    // strings, which live as long as the event, are copied.
-    #[allow(unsafe_code)]
-    unsafe {
-        let queue = rd::rd_kafka_queue_get_main(client.native_ptr());
-        if queue.is_null() {
-            return;
-        }
-        loop {
-            let event = rd::rd_kafka_queue_poll(queue, 0);
-            if event.is_null() {
-                break;
-            }
-            match rd::rd_kafka_event_type(event) {
-                rd::RD_KAFKA_EVENT_ERROR => {
-                    let code = rdkafka::types::RDKafkaErrorCode::from(rd::rd_kafka_event_error(event));
-                    let text = rd::rd_kafka_event_error_string(event);
-                    let reason = if text.is_null() {
-                        String::new()
-                    } else {
-                        CStr::from_ptr(text).to_string_lossy().into_owned()
-                    };
-                    context.error(KafkaError::Global(code), &reason);
+    use crate::ffi::{EventKind, MainQueue};
+    let Some(queue) = MainQueue::of(client.rd_client()) else { return };
+    while let Some(event) = queue.poll_now() {
+        match event.kind() {
+            EventKind::Error { code, reason } => context.error(KafkaError::Global(code), &reason),
+            EventKind::Log { level, message } => {
+                match level {
+                    ..=3 => tracing::error!(target: "librdkafka", "{message}"),
+                    4 => tracing::warn!(target: "librdkafka", "{message}"),
+                    5 | 6 => tracing::info!(target: "librdkafka", "{message}"),
+                    _ => tracing::debug!(target: "librdkafka", "{message}"),
                 }
-                rd::RD_KAFKA_EVENT_LOG => {
-                    let (mut facility, mut message, mut level) = (std::ptr::null(), std::ptr::null(), 0);
-                    if rd::rd_kafka_event_log(event, &mut facility, &mut message, &mut level) == 0
-                        && !message.is_null()
-                    {
-                        let text = CStr::from_ptr(message).to_string_lossy();
-                        match level {
-                            ..=3 => tracing::error!(target: "librdkafka", "{text}"),
-                            4 => tracing::warn!(target: "librdkafka", "{text}"),
-                            5 | 6 => tracing::info!(target: "librdkafka", "{text}"),
-                            _ => tracing::debug!(target: "librdkafka", "{text}"),
-                        }
-                        if is_refusal_message(&text) {
-                            *context.refusal.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
-                                Some(text.into_owned());
-                        }
-                    }
+                if is_refusal_message(&message) {
+                    *context.refusal.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                        Some(message);
                 }
-                _ => {}
             }
-            rd::rd_kafka_event_destroy(event);
+            EventKind::Other => {}
         }
-        rd::rd_kafka_queue_destroy(queue);
     }
 }
 

@@ -15,14 +15,13 @@
 //! wakes this producer's thread, which serves every event queued, one non-blocking poll each,
 //! and sleeps again. A delivery report reaches its sender as soon as before, the thread costs
 //! nothing between reports, and a wake-up missed for any reason is made up within
-//! [`IDLE_CHECK`].
+//! [`IDLE_CHECK`]. The queue and the callback are [`crate::ffi::ProducerEvents`]'s (this module
+//! has no `unsafe` of its own).
 
-use std::ffi::c_void;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use rdkafka::bindings as rd;
 use rdkafka::client::Client;
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::Message as _;
@@ -31,6 +30,7 @@ use rdkafka::ClientConfig;
 use tokio::sync::oneshot;
 
 use crate::context::Context;
+use crate::ffi::{OnEvent, ProducerEvents};
 use crate::producer::{Delivered, OutgoingRecord};
 
 /// How long the delivery thread sleeps at most without a wake-up: a safety net only.
@@ -71,34 +71,10 @@ impl std::fmt::Debug for ServedProducer {
 }
 
 struct Shared {
-    producer: Arc<BaseProducer<Context>>,
-    /// A handle of the producer's event queue (librdkafka's main queue), ours to destroy.
-    queue: EventQueue,
-    /// The callback's argument: kept alive until the callback is switched off.
-    wake: Arc<Wake>,
+    /// The producer, its event queue (librdkafka's main queue) and the callback that wakes the
+    /// thread; shared with the thread, so the last of the two to go releases them.
+    events: Arc<ProducerEvents<Wake>>,
     thread: Option<JoinHandle<()>>,
-}
-
-/// The producer's event queue handle, shared with its delivery thread.
-#[derive(Clone, Copy)]
-struct EventQueue(*mut rd::rd_kafka_queue_t);
-
-// SAFETY: librdkafka's queues are thread-safe (every operation takes the queue's lock); the
-// handle is destroyed only after the one other thread using it has been joined.
-#[allow(unsafe_code)]
-unsafe impl Send for EventQueue {}
-#[allow(unsafe_code)]
-unsafe impl Sync for EventQueue {}
-
-impl EventQueue {
-    fn len(self) -> usize {
-        // SAFETY: the handle is live until `Shared::drop` destroys it, after the thread using
-        // it has stopped.
-        #[allow(unsafe_code)]
-        unsafe {
-            rd::rd_kafka_queue_length(self.0)
-        }
-    }
 }
 
 struct Wake {
@@ -137,14 +113,13 @@ impl Wake {
     }
 }
 
-/// Called by librdkafka, from one of its threads and under the queue's lock, when an event
-/// lands on the empty queue. Must not call librdkafka nor unwind: it only wakes the thread.
-#[allow(unsafe_code)]
-unsafe extern "C" fn event_queued(_client: *mut rd::rd_kafka_t, opaque: *mut c_void) {
-    // SAFETY: `opaque` is `Arc::as_ptr` of the `Wake` that `Shared` keeps alive until it has
-    // switched this callback off, under the same lock librdkafka holds while calling it.
-    let wake = unsafe { &*(opaque as *const Wake) };
-    wake.notify(false);
+/// librdkafka's callback, from one of its threads and under the queue's lock, when an event
+/// lands on the empty queue: it only wakes the thread (no librdkafka call, no panic:
+/// `notify` takes a poisoned lock as it is).
+impl OnEvent for Wake {
+    fn queued(&self) {
+        self.notify(false);
+    }
 }
 
 impl ServedProducer {
@@ -156,37 +131,24 @@ impl ServedProducer {
     fn with_idle_check(config: &ClientConfig, idle_check: Duration) -> KafkaResult<Self> {
         let producer: Arc<BaseProducer<Context>> = Arc::new(crate::context::create(config)?);
         let wake = Arc::new(Wake { state: Mutex::default(), changed: Condvar::new(), idle_check });
-        // SAFETY: `native_ptr` is the live client; `rd_kafka_queue_get_main` returns a new
-        // reference to its event queue (the one rdkafka's producer polls), released in
-        // `Shared::drop`. The callback's argument outlives the callback (see `event_queued`).
-        #[allow(unsafe_code)]
-        let queue = unsafe {
-            let queue = rd::rd_kafka_queue_get_main(producer.client().native_ptr());
-            if queue.is_null() {
-                return Err(KafkaError::ClientCreation("librdkafka returned no event queue".into()));
-            }
-            rd::rd_kafka_queue_cb_event_enable(queue, Some(event_queued), Arc::as_ptr(&wake) as *mut c_void);
-            EventQueue(queue)
-        };
-        // owned from here: should the thread not start, dropping `shared` undoes the above
-        let mut shared = Shared { producer, queue, wake, thread: None };
-        let (producer, wake) = (shared.producer.clone(), shared.wake.clone());
+        // should the thread not start, dropping `events` switches the callback off again
+        let events = Arc::new(ProducerEvents::new(producer, wake)?);
+        let served = events.clone();
         let name = config.get("client.id").unwrap_or("producer");
         let thread = std::thread::Builder::new()
             .name(format!("kafka-dr-{name}").chars().take(15).collect())
-            .spawn(move || serve(&producer, queue, &wake))
+            .spawn(move || serve(&served))
             .map_err(|error| KafkaError::ClientCreation(format!("delivery thread: {error}")))?;
-        shared.thread = Some(thread);
-        Ok(Self { shared: Arc::new(shared) })
+        Ok(Self { shared: Arc::new(Shared { events, thread: Some(thread) }) })
     }
 
     /// The rdkafka producer, for what this type does not wrap (transactions, metadata).
     pub fn base(&self) -> &BaseProducer<Context> {
-        &self.shared.producer
+        self.shared.events.producer()
     }
 
     pub fn client(&self) -> &Client<Context> {
-        self.shared.producer.client()
+        self.base().client()
     }
 
     /// Queues `record` and waits for its delivery report: where the broker stored it, or
@@ -203,7 +165,7 @@ impl ServedProducer {
             base = base.partition(partition);
         }
         loop {
-            match self.shared.producer.send(base) {
+            match self.base().send(base) {
                 Ok(()) => break,
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
                     base = returned;
@@ -220,35 +182,26 @@ impl ServedProducer {
 
 /// The delivery thread: every event queued is served (one non-blocking poll each: rdkafka's
 /// poll with no time left takes one event and returns), then it sleeps until the next.
-fn serve(producer: &BaseProducer<Context>, queue: EventQueue, wake: &Wake) {
-    while wake.wait() {
-        while queue.len() > 0 {
-            producer.poll(Duration::ZERO);
+fn serve(events: &ProducerEvents<Wake>) {
+    while events.on_event().wait() {
+        while events.len() > 0 {
+            events.producer().poll(Duration::ZERO);
         }
     }
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        // SAFETY: switching the callback off takes the queue's lock, which librdkafka holds
-        // while calling it: once this returns, no call is running or will run, and `wake`
-        // may go. The queue handle is destroyed once the thread using it has been joined.
-        #[allow(unsafe_code)]
-        unsafe {
-            rd::rd_kafka_queue_cb_event_enable(self.queue.0, None, std::ptr::null_mut());
-        }
-        self.wake.notify(true);
+        self.events.on_event().notify(true);
         if let Some(thread) = self.thread.take() {
             if thread.join().is_err() {
                 tracing::error!("a producer's delivery thread panicked");
             }
         }
-        #[allow(unsafe_code)]
-        unsafe {
-            rd::rd_kafka_queue_destroy(self.queue.0);
-        }
-        // `producer` goes next: rdkafka's drop purges what is still queued or in flight and
-        // serves those reports (every waiting send learns it failed) before destroying it
+        // `events` goes next, its last holder now that the thread is joined: the callback is
+        // switched off, the queue released, then the producer: rdkafka's drop purges what is
+        // still queued or in flight and serves those reports (every waiting send learns it
+        // failed) before destroying it
     }
 }
 

@@ -28,12 +28,19 @@
 //! - [`alerting`]: the counters alerts read (`retries_total`, `dlt_mensagens_total`), at 0
 //!   from the start.
 //!
+//! - `ffi` and `rebootstrap` (private): the calls into librdkafka that rdkafka does not wrap,
+//!   the only `unsafe` code of the workspace (denied at this crate's root, allowed on these two
+//!   modules alone, forbidden in every other crate), each block with the invariant it relies
+//!   on.
+//!
 //! Operators' tooling (creating the topics, listing and replaying dead letters) is
 //! `kafka-admin`'s, built on this crate.
 //!
 //! # Architecture invariant
 //! Knows no service and no database. Handlers decide what a record means; this crate only
 //! decides when an offset may move: never before the handler said the work is durable.
+
+#![deny(unsafe_code)]
 
 pub mod alerting;
 pub mod config;
@@ -43,10 +50,15 @@ pub mod dead_letter;
 pub mod delivery;
 pub mod error;
 pub mod exactly_once;
+// queue and event handles, the producer's wake-up callback: invariants in the module's docs
+#[allow(unsafe_code)]
+mod ffi;
 pub mod health;
 pub mod lag;
 pub mod metadata;
 pub mod producer;
+// one call, `rd_kafka_brokers_add`, on the client a context is bound to
+#[allow(unsafe_code)]
 mod rebootstrap;
 pub mod retry_topic;
 pub mod trace;

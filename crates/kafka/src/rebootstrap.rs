@@ -105,8 +105,8 @@ impl Rebootstrap {
         // is bound once, and a clone of a context is never bound (`Context`'s `Clone`). This runs
         // in that client's statistics callback, during its own poll, so the client is alive and
         // not being destroyed. `rd_kafka_brokers_add` may be called from any thread at any time
-        // (it takes the client's lock) and copies the NUL-terminated list it is given.
-        #[allow(unsafe_code)]
+        // (it takes the client's lock) and copies the NUL-terminated list it is given. (The
+        // module is allowed `unsafe` for this call alone, in `lib.rs`.)
         let added = unsafe {
             rdkafka::bindings::rd_kafka_brokers_add(bound.client as *mut RDKafka, bound.bootstrap.as_ptr())
         };

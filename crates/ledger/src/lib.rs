@@ -22,6 +22,8 @@
 //! Owns the `ledger` database; no other crate writes to it. Knows other services only through
 //! the contract's events.
 
+#![forbid(unsafe_code)]
+
 pub mod api;
 pub mod error;
 pub mod republish;
@@ -236,8 +238,11 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
     // before anything else: a service that would let anyone create money does not start
     let tokens = auth.resolve("ledger")?;
     let pool = database::connect(&args.database_url, &args.pool_settings()).await?;
-    // migrates as the schema's owner; a runtime role only checks (database::schema)
-    database::schema::migrate_or_check(&pool, &MIGRATOR).await?;
+    // migrates as the schema's owner, and says so (/readyz, log); a runtime role only checks
+    let owner = database::schema::migrate_or_check(&pool, &MIGRATOR).await?.warn_if_owner("ledger");
+    // API clients' tokens, looked up in this database's own `cliente_api` (`pagamentos clients`
+    // writes it here too: the ledger never reads the transfers database)
+    let tokens = tokens.with_clients(Arc::new(api_clients::Directory::new(pool.clone(), "ledger")));
 
     kafka_admin::topics::ensure_at_start(&kafka, &topic_args).await?;
 
@@ -250,7 +255,7 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
         Arc::new(kafka::health::KafkaReady::new(producer.clone(), input.clone())),
     ];
     let readiness = telemetry::health::Readiness::new(checks, tokens.readiness_detail())
-        .with_warnings(tokens.warnings())
+        .with_warnings(tokens.warnings().into_iter().chain(owner).collect())
         .supervised_by(supervisor);
     let app = api::router(state).merge(telemetry::health::router(readiness, metrics));
     // after the recorder is installed (with the router above), before /readyz answers
@@ -331,6 +336,8 @@ mod migration_tests {
             (20261203000004, "10cb8b556d5bf3d7d04b67f2084fbf74e76902710290483ee542d14c91f7a7aa4b33e8479e200fabdec54e18ad6e78f6"),
             (20261205000001, "37cea8c26ba235a68143976c149db0b7b53110c0d0bbf4494c52bd26e18177358206ec194ba2bcdf539ff2ad3c7c9725"),
             (20261206000001, "470937648d2a12b26e44394f12fbfc9f57825c9986f8fe9444e08a74ac736e15180e9cbf25dcf997f3bf55bf051df734"),
+            (20261207000046, "6da60a46eeb5e8569fb5f8e2747125d16c6ec14c1eab5e44f6d73cff3369a26af759ca281545115a5c49147a87105ea2"),
+            (20261207100046, "34ae3f8c3ae5121bdb856e2b749da1afc0bd97a4aa8ae8c3787a19567d2bcc39dff0aef109c7717c5171c003af92b01e"),
         ];
         outbox::migrations::assert_checksums(&super::MIGRATOR, &recorded);
     }

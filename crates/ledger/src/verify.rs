@@ -1,6 +1,13 @@
-//! The ledger's invariants (`CONTRACT.md` §4, 1–3), each one set-based query over the whole
-//! database: a sequential scan and a hash aggregate, fast on millions of rows, no per-row round
-//! trips. Invariant 4 needs the transfers database too and is checked by `pagamentos verify`.
+//! The ledger's invariants (`CONTRACT.md` §4, 1–3 and 5), each one set-based query over the
+//! whole database: a sequential scan and a hash aggregate, fast on millions of rows, no per-row
+//! round trips. Invariant 4 needs the transfers database too and is checked by `pagamentos
+//! verify`.
+//!
+//! Invariant 5 (money enters only from issuers) does not trust the `emissor` flag: an issuer
+//! is `EMISSOR-<moeda>` by its id, every deposit must debit exactly that account, and a flag
+//! on any other account is a break of its own (the schema's check constraint forbids one, but
+//! whoever may change the schema may drop it). `not-negative` likewise lets only a real issuer
+//! go below 0.
 //!
 //! Every check reports at most [`LISTED`] breaks by name, and how many there are in all.
 
@@ -14,7 +21,7 @@ pub const LISTED: i64 = 20;
 /// One broken invariant.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Break {
-    /// 1 to 4, as numbered in the contract.
+    /// 1 to 5, as numbered in the contract.
     pub invariant: u8,
     /// Which rule of the invariant (a short name, stable for scripts).
     pub check: &'static str,
@@ -144,10 +151,12 @@ const CHECKS: &[Check] = &[
     Check {
         invariant: 2,
         name: "not-negative",
-        rule: "no account but an issuer's is below 0",
+        rule: "no account but an issuer's (EMISSOR-<moeda>) is below 0",
         sql: "SELECT id::text AS subject, format('saldo_centavos %s', saldo_centavos) AS detail, \
                      COUNT(*) OVER () AS total \
-              FROM conta WHERE saldo_centavos < 0 AND NOT emissor ORDER BY id LIMIT $1",
+              FROM conta \
+              WHERE saldo_centavos < 0 AND NOT (emissor AND id = ('EMISSOR-' || moeda) COLLATE \"C\") \
+              ORDER BY id LIMIT $1",
     },
     Check {
         invariant: 3,
@@ -158,9 +167,46 @@ const CHECKS: &[Check] = &[
               FROM (SELECT moeda, SUM(saldo_centavos::numeric) AS total_centavos FROM conta GROUP BY moeda) s \
               WHERE total_centavos <> 0 ORDER BY moeda LIMIT $1",
     },
+    Check {
+        invariant: 5,
+        name: "deposit-from-issuer",
+        rule: "every deposit (opening balances included) is one D entry on its currency's EMISSOR-<moeda> \
+               and one C entry on its account, both of its amount",
+        sql: "SELECT d.id::text AS subject, \
+                     format('deposit of %s into %s: D on %s, C on %s; money enters only from %s', \
+                            d.valor_centavos, d.conta_id, \
+                            COALESCE(string_agg(format('%s (%s)', l.conta_id, l.valor_centavos), ', ' \
+                                                ORDER BY l.conta_id) FILTER (WHERE l.tipo = 'D'), 'nothing'), \
+                            COALESCE(string_agg(format('%s (%s)', l.conta_id, l.valor_centavos), ', ' \
+                                                ORDER BY l.conta_id) FILTER (WHERE l.tipo = 'C'), 'nothing'), \
+                            'EMISSOR-' || c.moeda) AS detail, \
+                     COUNT(*) OVER () AS total \
+              FROM deposito d \
+              LEFT JOIN conta c ON c.id = d.conta_id \
+              LEFT JOIN lancamento l ON l.transferencia_id = d.id \
+              GROUP BY d.id, d.valor_centavos, d.conta_id, c.moeda \
+              HAVING COUNT(*) FILTER (WHERE l.tipo = 'D' AND l.valor_centavos = d.valor_centavos \
+                                        AND l.conta_id = ('EMISSOR-' || c.moeda) COLLATE \"C\") <> 1 \
+                  OR COUNT(*) FILTER (WHERE l.tipo = 'C' AND l.valor_centavos = d.valor_centavos \
+                                        AND l.conta_id = d.conta_id) <> 1 \
+                  OR COUNT(l.id) <> 2 \
+              ORDER BY d.id LIMIT $1",
+    },
+    Check {
+        invariant: 5,
+        name: "issuer-flag",
+        rule: "an account is flagged emissor if and only if its id is EMISSOR-<its moeda>",
+        sql: "SELECT id::text AS subject, \
+                     CASE WHEN emissor \
+                          THEN format('flagged emissor, but only EMISSOR-%s is the issuer of %s', moeda, moeda) \
+                          ELSE format('the issuer of %s, not flagged emissor', moeda) END AS detail, \
+                     COUNT(*) OVER () AS total \
+              FROM conta WHERE emissor IS DISTINCT FROM (id = ('EMISSOR-' || moeda) COLLATE \"C\") \
+              ORDER BY id LIMIT $1",
+    },
 ];
 
-/// Runs the checks of invariants 1–3, in the contract's order, in one repeatable-read
+/// Runs the checks of invariants 1–3 and 5, in the contract's order, in one repeatable-read
 /// snapshot (a settlement committing meanwhile cannot make a clean ledger look broken).
 pub async fn ledger_invariants(pool: &PgPool) -> Result<Vec<CheckResult>, sqlx::Error> {
     let mut transaction = pool.begin().await?;

@@ -11,6 +11,8 @@
 //! - [`outcomes`]: the reader of `transferencias.liquidada` / `.rejeitada`.
 //! - [`report`]: latencies (HdrHistogram) and the result object.
 
+#![forbid(unsafe_code)]
+
 pub mod api;
 pub mod args;
 pub mod draw;

@@ -17,6 +17,8 @@
 //! posts again), and receivers dedupe by `Idempotency-Key` (the event id). A record waiting
 //! for its retry pauses only its own partition.
 
+#![forbid(unsafe_code)]
+
 pub mod notifier;
 pub mod share_group;
 pub mod webhook;

@@ -14,6 +14,10 @@
 //! What the answer means: 2xx delivered; 5xx, 408, 429, a timeout or a connection failure may
 //! pass, so the record is retried through the retry topics; any other answer (other 4xx, and
 //! redirects, which are not followed) will not change by waiting, so it is dead-lettered.
+//!
+//! A failure's text never carries the URL (which may hold credentials and a token in its
+//! query): it travels in the retry and dead-letter headers, the logs and `dlt list`. An
+//! answer's body is read up to [`RESPONSE_BODY_LIMIT`], never more.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -230,7 +234,7 @@ impl Webhook {
             .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("pagamentos-notificacoes/", env!("CARGO_PKG_VERSION")))
             .build()
-            .map_err(ClientBuildError::Build)?;
+            .map_err(|error| ClientBuildError::Build(error.without_url()))?;
         Ok(Self { client, settings })
     }
 
@@ -270,11 +274,13 @@ impl Webhook {
             .body(notification.body.to_vec())
             .send()
             .await;
+        // the URL out of every error: it may hold credentials and a token in its query, and
+        // the error's text goes to the retry and dead-letter headers, the logs and `dlt list`
+        let result = result.map_err(reqwest::Error::without_url);
         let answer = match result {
             Ok(response) => {
                 let status = response.status();
-                // drain the body so the connection goes back to the pool
-                drop(response.bytes().await);
+                drain(response).await;
                 if status.is_success() {
                     Answer::Delivered(status)
                 } else if is_transient(status) {
@@ -298,6 +304,25 @@ impl Webhook {
             .record(started.elapsed().as_secs_f64());
         metrics::counter!("notifications_webhook_total", "outcome" => outcome).increment(1);
         answer
+    }
+}
+
+/// Most bytes of an answer's body read: nothing in it is used.
+pub const RESPONSE_BODY_LIMIT: usize = 64 * 1024;
+
+/// Reads the answer's body so its connection can go back to the pool, unless it is larger than
+/// [`RESPONSE_BODY_LIMIT`]: then what is left is not read, and the connection is closed with
+/// the response. A receiver cannot make a delivery read (or wait for) an endless body.
+async fn drain(mut response: reqwest::Response) {
+    if response.content_length().is_some_and(|length| length > RESPONSE_BODY_LIMIT as u64) {
+        return;
+    }
+    let mut read = 0;
+    while let Ok(Some(chunk)) = response.chunk().await {
+        read += chunk.len();
+        if read > RESPONSE_BODY_LIMIT {
+            return;
+        }
     }
 }
 
@@ -378,5 +403,98 @@ mod tests {
         assert_eq!(connection.fqcn(), "notifications::webhook::ConnectionFailed");
         assert_eq!(connection.cause_fqcn(), "reqwest::error::Error");
         assert_eq!(connection.cause_fqcn(), std::any::type_name::<reqwest::Error>());
+    }
+
+    fn settings(url: &str, timeout: Duration) -> WebhookSettings {
+        WebhookSettings { url: url.parse().expect("url"), secret: None, timeout, pool_idle_per_host: 1 }
+    }
+
+    const NOTIFICATION: Notification<'static> = Notification {
+        event_id: uuid::Uuid::nil(),
+        event_type: "TransferenciaLiquidada",
+        body: b"{}",
+        trace: &[],
+    };
+
+    /// What leaves the process of a failed delivery: the dead-letter and retry headers
+    /// (`Failure`), and what the logs show (the chain, and the error's `Debug`).
+    fn texts(error: &DeliveryError) -> Vec<String> {
+        let failure = kafka::dead_letter::Failure::new(error.fqcn(), error.cause_fqcn(), error);
+        vec![failure.message, failure.stacktrace, telemetry::error_chain(error), format!("{error:?}")]
+    }
+
+    #[tokio::test]
+    async fn a_failure_never_carries_the_urls_credentials_or_token() {
+        use tokio::io::AsyncWriteExt;
+        // refused: a port bound, read and released
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address");
+        // silent: accepts and never answers; closing: accepts and hangs up at once
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let closing = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let (silent_address, closing_address) =
+            (silent.local_addr().expect("address"), closing.local_addr().expect("address"));
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = silent.accept().await {
+                held.push(stream);
+            }
+        });
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = closing.accept().await {
+                let _ = stream.shutdown().await;
+            }
+        });
+        for (address, kind) in [
+            (closed, type_name_of::<ConnectionFailed>()),
+            (silent_address, type_name_of::<Timeout>()),
+            (closing_address, type_name_of::<RequestFailed>()),
+        ] {
+            let url = format!("http://user:s3cret@{address}/hook?token=t0ken");
+            let webhook = Webhook::new(settings(&url, Duration::from_millis(500))).expect("client");
+            let Answer::Transient(error) = webhook.deliver(&NOTIFICATION).await else {
+                panic!("{url}: a transient failure")
+            };
+            assert_eq!(error.fqcn(), kind, "{error:?}");
+            for text in texts(&error) {
+                assert!(!text.contains("s3cret") && !text.contains("t0ken"), "{kind}: a secret in {text:?}");
+            }
+        }
+    }
+
+    fn type_name_of<T>() -> &'static str {
+        std::any::type_name::<T>()
+    }
+
+    #[tokio::test]
+    async fn a_huge_answer_is_not_read_past_the_limit() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let sent = std::sync::Arc::new(AtomicU64::new(0));
+        let counter = sent.clone();
+        // 200 and a chunked body that never ends, written as fast as it is read
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.expect("accept");
+            let mut request = vec![0; 64 * 1024];
+            let _ = stream.read(&mut request).await;
+            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n").await;
+            let chunk = format!("{:x}\r\n{}\r\n", 64 * 1024, "x".repeat(64 * 1024));
+            while counter.load(Ordering::Relaxed) < 1 << 30
+                && stream.write_all(chunk.as_bytes()).await.is_ok()
+            {
+                counter.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            }
+        });
+        let webhook = Webhook::new(settings(&format!("http://{address}/hook"), Duration::from_secs(10)))
+            .expect("client");
+        let started = Instant::now();
+        let answer = webhook.deliver(&NOTIFICATION).await;
+        assert!(matches!(answer, Answer::Delivered(StatusCode::OK)), "{answer:?}");
+        assert!(started.elapsed() < Duration::from_secs(5), "read for {:?}", started.elapsed());
+        // what the kernel's buffers hold besides what was read, and no more
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let written = sent.load(Ordering::Relaxed);
+        assert!(written < 16 << 20, "{written} bytes of the answer taken");
     }
 }

@@ -27,6 +27,8 @@
 //! holds the database's advisory lock publishes, in `sequencia` order, and the idempotent
 //! producer keeps each partition's order across retries.
 
+#![forbid(unsafe_code)]
+
 pub mod error;
 pub mod metrics;
 pub mod migrations;

@@ -36,11 +36,21 @@ enum Action {
 
         #[command(flatten)]
         kafka: KafkaArgs,
+
+        #[command(flatten)]
+        transport: telemetry::transport::TransportArgs,
     },
     /// Re-publish dead letters to their original topic (from `kafka_dlt-original-topic` or
     /// `kafka_original-topic`) with a `pagamentos_dlt-replayed-from` header. Progress is kept
     /// in the consumer group `pagamentos-dlt-replay`, so a dead letter is never replayed twice
     /// by accident.
+    ///
+    /// A dead letter goes back only where it came from: the topic's source (its name without
+    /// `-dlt`) or one of the source's retry topics (`<source>-retry-<ms>`). A letter whose
+    /// header names any other topic is refused (printed and logged with its partition, offset
+    /// and why; counted in `dlt_replay_refused_total`) and left in place, not marked replayed;
+    /// `--all` replays the others and then exits 1. A `--to` elsewhere is refused before
+    /// anything is sent (exit 1).
     #[command(group(clap::ArgGroup::new("selection").required(true).args(["offset", "all"])))]
     Replay {
         /// A dead-letter topic, e.g. `transferencias.liquidada-dlt`.
@@ -55,7 +65,8 @@ enum Action {
         #[arg(long, conflicts_with_all = ["partition", "offset"])]
         all: bool,
         /// Re-drive to this topic instead of the original (e.g. `…-retry-1000` to give
-        /// notifications another round without the other consumers of the original topic).
+        /// notifications another round without the other consumers of the original topic):
+        /// the source of the dead-letter topic or one of its retry topics, nothing else.
         #[arg(long)]
         to: Option<String>,
         /// Check and count what would be replayed; send and record nothing.
@@ -64,12 +75,17 @@ enum Action {
 
         #[command(flatten)]
         kafka: KafkaArgs,
+
+        #[command(flatten)]
+        transport: telemetry::transport::TransportArgs,
     },
 }
 
 pub async fn run(command: DltCommand) -> anyhow::Result<ExitCode> {
+    let (Action::List { kafka, transport, .. } | Action::Replay { kafka, transport, .. }) = &command.action;
+    crate::transport::check("dlt", transport, Some(kafka), &[])?;
     match command.action {
-        Action::List { topic, include_replayed, limit, json, kafka } => {
+        Action::List { topic, include_replayed, limit, json, kafka, .. } => {
             let topic = dead_letter_topic(&kafka, &topic)?;
             let (letters, more) = tokio::task::spawn_blocking(move || {
                 DeadLetterTopic::open(&kafka, &topic)?.list(include_replayed, limit)
@@ -88,7 +104,7 @@ pub async fn run(command: DltCommand) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Action::Replay { topic, partition, offset, all, to, dry_run, kafka } => {
+        Action::Replay { topic, partition, offset, all, to, dry_run, kafka, .. } => {
             let topic = dead_letter_topic(&kafka, &topic)?;
             let selection = match (partition, offset, all) {
                 (Some(partition), Some(offset), false) => Selection::One { partition, offset },
@@ -127,13 +143,20 @@ pub async fn run(command: DltCommand) -> anyhow::Result<ExitCode> {
             .await??;
             if dry_run {
                 println!(
-                    "dry run: {} dead letters of {topic} would be replayed ({} replayed before)",
-                    summary.replayed, summary.skipped
+                    "dry run: {} dead letters of {topic} would be replayed ({} replayed before, {} would be refused)",
+                    summary.replayed,
+                    summary.skipped,
+                    summary.refused.len()
                 );
             } else {
                 println!("{topic}: {summary}");
             }
-            Ok(ExitCode::SUCCESS)
+            for refused in &summary.refused {
+                println!("{topic} {refused}; left in place, not replayed");
+            }
+            // a refused letter is an attempt to reach another topic, or a letter an operator
+            // must look at: the replay is not a success
+            Ok(if summary.refused.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
     }
 }

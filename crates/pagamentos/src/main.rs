@@ -10,10 +10,16 @@
 //! - [`verify`]: `pagamentos verify`, the books against the contract's invariants.
 //! - [`dlt`]: `pagamentos dlt list|replay`, dead letters for operators.
 //! - [`republish`]: `pagamentos republish`, the request event of stuck transfers again.
+//! - [`clients`]: `pagamentos clients create|list|revoke`, API clients bound to their accounts.
+//! - [`transport`]: the check every connecting command starts with: no plaintext or unverified
+//!   connection off the machine without `--insecure-transport`.
 //!
 //! This crate only parses arguments, wires crates together and handles signals; the work is
 //! done in the crates it calls.
 
+#![forbid(unsafe_code)]
+
+mod clients;
 mod database;
 mod dlt;
 mod load;
@@ -22,6 +28,7 @@ mod replication;
 mod republish;
 mod services;
 mod topics;
+mod transport;
 mod verify;
 
 use std::process::ExitCode;
@@ -91,6 +98,11 @@ enum Command {
     /// consumer by `eventoId`. Exit 1 when an `--id` is unknown or the ledger's entries
     /// disagree with the transfer.
     Republish(republish::RepublishArgs),
+    /// API clients, each with a bearer token of its own and the accounts it may debit and read
+    /// (`POST /transferencias` from another account: 403; reads of others' transfers and
+    /// accounts: 404), its Idempotency-Keys its own. Written to both databases as their owner
+    /// (the owner URLs `pagamentos migrate` takes); the admin token manages nothing here.
+    Clients(clients::ClientsCommand),
 }
 
 /// Parses the command line and environment. A bad value that came from an environment
@@ -187,6 +199,7 @@ fn main() -> ExitCode {
             Command::Ledger(args) => services::ledger(args).await,
             Command::Verify(args) => verify::run(args).await,
             Command::Republish(args) => republish::run(args).await,
+            Command::Clients(args) => clients::run(args).await,
             Command::Notifications(args) => services::notifications(args).await,
             Command::All(args) => services::all(*args).await,
             Command::Dlt(args) => dlt::run(args).await,

@@ -35,6 +35,9 @@ pub struct MigrateArgs {
     /// Migrate only this database (default: both).
     #[arg(long, value_enum)]
     only: Option<Database>,
+
+    #[command(flatten)]
+    transport: telemetry::transport::TransportArgs,
 }
 
 impl std::fmt::Debug for MigrateArgs {
@@ -50,6 +53,7 @@ impl std::fmt::Debug for MigrateArgs {
             .field("transferencias_database_url", &redact(&self.transferencias_database_url))
             .field("ledger_database_url", &redact(&self.ledger_database_url))
             .field("only", &self.only)
+            .field("transport", &self.transport)
             .finish()
     }
 }
@@ -81,6 +85,20 @@ impl MigrateArgs {
     }
 }
 
+impl MigrateArgs {
+    /// The setting the owner's URL of `database` comes from (the stack's default is on
+    /// localhost, so it never needs naming).
+    fn owner_setting(&self, database: Database) -> &'static str {
+        match (database, &self.transferencias_migration_database_url, &self.ledger_migration_database_url) {
+            (Database::Transfers, Some(_), _) | (Database::Ledger, _, Some(_)) => {
+                database.migration_variable()
+            }
+            (Database::Transfers, None, _) => "TRANSFERENCIAS_DATABASE_URL",
+            (Database::Ledger, _, None) => "LEDGER_DATABASE_URL",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Database {
     #[value(name = "transferencias")]
@@ -105,6 +123,13 @@ impl Database {
 }
 
 pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
+    let owners = args.owner_urls();
+    let databases: Vec<(&'static str, &str)> = owners
+        .iter()
+        .filter(|(database, _)| args.only.is_none_or(|only| only == *database))
+        .map(|(database, url)| (args.owner_setting(*database), url.as_str()))
+        .collect();
+    crate::transport::check("migrate", &args.transport, None, &databases)?;
     for (database, url) in args.owner_urls() {
         if args.only.is_some_and(|only| only != database) {
             continue;
@@ -120,7 +145,7 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
         })?;
         let latest = migrator.iter().map(|migration| migration.version).max().unwrap_or_default();
         match prepared {
-            Prepared::Migrated => println!("migrated {} to version {latest}", redacted(&url)),
+            Prepared::Migrated { .. } => println!("migrated {} to version {latest}", redacted(&url)),
             // a role that does not own the schema found nothing to do: say so, it migrated nothing
             Prepared::Checked => println!(
                 "{} is at version {latest} already (checked only: the URL's role does not own the schema)",

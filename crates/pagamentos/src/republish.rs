@@ -10,6 +10,12 @@
 //!
 //! Every stage is idempotent by transfer id and every consumer by `eventoId`, so sending a
 //! transfer that was decided meanwhile changes nothing.
+//!
+//! Refused: a transfer final in transferencias (`LIQUIDADA`/`REJEITADA`) that the ledger never
+//! decided. Its decision was taken elsewhere (antifraude blocked it, `REJEITADA
+//! (BLOQUEADA_ANTIFRAUDE)`), and only the ledger's decisions are pinned: its request sent
+//! again would be analysed afresh (after the threshold changed, it passes) and settle what
+//! was decided otherwise. It is named, nothing is sent, and the command exits 1.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -17,6 +23,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
+use contracts::TransferStatus;
 use ledger::republish::{self as outcomes, Reemitted};
 use ledger::settlement::Outcome;
 use ledger::store::OutcomeTopics;
@@ -33,7 +40,8 @@ pub struct RepublishArgs {
     pending_older_than: Option<Duration>,
 
     /// Only this transfer (repeatable), whatever its status: a decided one is sent again too
-    /// (its outcome event when the ledger decided it), and changes nothing downstream.
+    /// (its outcome event when the ledger decided it), and changes nothing downstream; one
+    /// final without the ledger's decision (blocked by antifraude) is refused.
     #[arg(long = "id", value_name = "UUID")]
     ids: Vec<Uuid>,
 
@@ -58,12 +66,20 @@ pub struct RepublishArgs {
     /// Prefix of every topic name, as the services run with (empty in production).
     #[arg(long = "topic-prefix", env = "PAGAMENTOS_TOPIC_PREFIX", default_value = "")]
     topic_prefix: String,
+
+    #[command(flatten)]
+    transport: telemetry::transport::TransportArgs,
 }
 
 /// The selection when nothing is said: what `verify` calls stuck by default.
 const DEFAULT_BOUND: Duration = Duration::from_secs(300);
 
 pub async fn run(args: RepublishArgs) -> anyhow::Result<ExitCode> {
+    let databases = [
+        ("TRANSFERENCIAS_DATABASE_URL", args.transferencias_database_url.as_str()),
+        ("LEDGER_DATABASE_URL", args.ledger_database_url.as_str()),
+    ];
+    crate::transport::check("republish", &args.transport, None, &databases)?;
     let pool = database::connect(&args.transferencias_database_url, 2).await?;
     let ledger_pool = database::connect(&args.ledger_database_url, 2).await?;
     let topic = format!("{}{}", args.topic_prefix, contracts::topics::REQUESTED);
@@ -82,7 +98,7 @@ pub async fn run(args: RepublishArgs) -> anyhow::Result<ExitCode> {
     };
 
     let mut out = String::new();
-    let (mut queued, mut waiting, mut disagreeing) = (0, 0, 0);
+    let (mut queued, mut waiting, mut disagreeing, mut refused) = (0, 0, 0, 0);
     let now =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
     for transfer in &selected {
@@ -97,6 +113,22 @@ pub async fn run(args: RepublishArgs) -> anyhow::Result<ExitCode> {
             currency: transfer.currency.clone(),
         };
         match outcomes::outcome(&ledger_pool, &facts, &outcome_topics, args.dry_run).await {
+            Ok(Reemitted::NotDecided) if transfer.status != TransferStatus::Pending => {
+                // decided, but not by the ledger: its request would be decided again
+                refused += 1;
+                let status = match &transfer.rejection_reason {
+                    Some(reason) => format!("{} ({reason})", transfer.status),
+                    None => transfer.status.to_string(),
+                };
+                tracing::warn!(transfer_id = %transfer.id, %status, "republish refused: final, and never decided by the ledger");
+                let _ = writeln!(
+                    out,
+                    "{what}: refused: {status} in transferencias and never decided by the ledger (decided \
+                     before it, e.g. blocked by antifraude): its request sent again would be decided afresh \
+                     and could settle it; nothing sent"
+                );
+                continue;
+            }
             Ok(Reemitted::NotDecided) => {}
             Ok(Reemitted::Queued { event_id, outcome }) => {
                 queued += 1;
@@ -167,13 +199,18 @@ pub async fn run(args: RepublishArgs) -> anyhow::Result<ExitCode> {
     let verb = if args.dry_run { "would send" } else { "queued" };
     let _ = writeln!(
         out,
-        "republish: {verb} {queued}, {waiting} already waiting, {} not found{}{}",
+        "republish: {verb} {queued}, {waiting} already waiting, {} not found{}{}{}",
         missing.len(),
         if disagreeing > 0 { format!(", {disagreeing} disagreeing with the ledger") } else { String::new() },
+        if refused > 0 { format!(", {refused} refused") } else { String::new() },
         if args.dry_run { " (dry run)" } else { "" }
     );
     print!("{out}");
-    Ok(if missing.is_empty() && disagreeing == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if missing.is_empty() && disagreeing == 0 && refused == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn decided(outcome: Outcome) -> String {

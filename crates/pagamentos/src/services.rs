@@ -26,6 +26,10 @@ pub struct CommonArgs {
     #[command(flatten)]
     pub replication: crate::replication::ReplicationArgs,
 
+    /// `--insecure-transport`: see [`crate::transport`].
+    #[command(flatten)]
+    pub transport: telemetry::transport::TransportArgs,
+
     /// Serve `/metrics` on this address (IP:PORT) instead of on the service's port, which then
     /// answers `/metrics` with 404: e.g. an address only the monitoring network reaches, while
     /// the service's port is public. One listener for the whole process (in `all`, for the
@@ -42,6 +46,14 @@ fn parse_listen_address(text: &str) -> Result<SocketAddr, String> {
 }
 
 impl CommonArgs {
+    /// The checks every service starts with, before anything connects: the replication floor,
+    /// then the transport to Kafka and to `databases` (setting, URL). The warnings to report
+    /// on `/readyz` (`--insecure-transport`), or why the service must not start.
+    fn check(&self, service: &str, databases: &[(&'static str, &str)]) -> anyhow::Result<Vec<String>> {
+        self.replication.check(&self.topics)?;
+        crate::transport::check(service, &self.transport, Some(&self.kafka), databases)
+    }
+
     /// Where the services serve `/metrics`.
     fn metrics_route(&self) -> telemetry::health::MetricsRoute {
         match self.metrics_listen {
@@ -169,11 +181,13 @@ enum AllError {
 /// after an ordinary shutdown; 2 when the metrics listener would take a port of `listens`
 /// (each service's name, listen setting and address); non-zero when a task stopped (`task
 /// <name> stopped: <why>`, also on `/readyz` while the others drain), when the drain passed
-/// its deadline, or when the service did not start.
+/// its deadline, or when the service did not start. `warnings` (the process's, e.g.
+/// `--insecure-transport`) are reported on every service's `/readyz`.
 async fn serve<F, E>(
     name: &str,
     metrics_listen: Option<SocketAddr>,
     listens: &[(&str, &str, SocketAddr)],
+    warnings: Vec<String>,
     start: impl FnOnce(Supervisor) -> F,
 ) -> anyhow::Result<ExitCode>
 where
@@ -185,6 +199,7 @@ where
         return Ok(ExitCode::from(2));
     }
     let supervisor = Supervisor::new();
+    supervisor.report_warnings(warnings);
     supervisor.cancel_on_signal();
     if let Some(address) = metrics_listen {
         let app = telemetry::health::metrics_router(telemetry::metrics::install());
@@ -215,7 +230,10 @@ where
 }
 
 pub async fn transfers(command: TransfersCommand) -> anyhow::Result<ExitCode> {
-    command.common.replication.check(&command.common.topics)?;
+    let warnings = command.common.check(
+        "transferencias",
+        &[("TRANSFERENCIAS_DATABASE_URL", command.transfers.database_url.as_str())],
+    )?;
     let metrics_listen = command.common.metrics_listen;
     let listens = [("transferencias", "TRANSFERENCIAS_LISTEN", command.transfers.listen)];
     let settings = transfers::Settings {
@@ -227,14 +245,14 @@ pub async fn transfers(command: TransfersCommand) -> anyhow::Result<ExitCode> {
         profile: command.common.profile,
         producer: None,
     };
-    serve("transferencias", metrics_listen, &listens, |supervisor| async move {
+    serve("transferencias", metrics_listen, &listens, warnings, |supervisor| async move {
         transfers::start(settings, &supervisor).await
     })
     .await
 }
 
 pub async fn antifraud(command: AntifraudCommand) -> anyhow::Result<ExitCode> {
-    command.common.replication.check(&command.common.topics)?;
+    let warnings = command.common.check("antifraude", &[])?;
     let metrics_listen = command.common.metrics_listen;
     let listens = [("antifraude", "ANTIFRAUDE_LISTEN", command.antifraud.listen)];
     let settings = antifraud::Settings {
@@ -246,14 +264,15 @@ pub async fn antifraud(command: AntifraudCommand) -> anyhow::Result<ExitCode> {
         profile: command.common.profile,
         producer: None,
     };
-    serve("antifraude", metrics_listen, &listens, |supervisor| async move {
+    serve("antifraude", metrics_listen, &listens, warnings, |supervisor| async move {
         antifraud::start(settings, &supervisor).await
     })
     .await
 }
 
 pub async fn ledger(command: LedgerCommand) -> anyhow::Result<ExitCode> {
-    command.common.replication.check(&command.common.topics)?;
+    let warnings =
+        command.common.check("ledger", &[("LEDGER_DATABASE_URL", command.ledger.database_url.as_str())])?;
     let metrics_listen = command.common.metrics_listen;
     let listens = [("ledger", "LEDGER_LISTEN", command.ledger.listen)];
     let settings = ledger::Settings {
@@ -265,14 +284,14 @@ pub async fn ledger(command: LedgerCommand) -> anyhow::Result<ExitCode> {
         profile: command.common.profile,
         producer: None,
     };
-    serve("ledger", metrics_listen, &listens, |supervisor| async move {
+    serve("ledger", metrics_listen, &listens, warnings, |supervisor| async move {
         ledger::start(settings, &supervisor).await
     })
     .await
 }
 
 pub async fn notifications(command: NotificationsCommand) -> anyhow::Result<ExitCode> {
-    command.common.replication.check(&command.common.topics)?;
+    let warnings = command.common.check("notificacoes", &[])?;
     let metrics_listen = command.common.metrics_listen;
     let listens = [("notificacoes", "NOTIFICACOES_LISTEN", command.notifications.listen)];
     let settings = notifications::Settings {
@@ -284,7 +303,7 @@ pub async fn notifications(command: NotificationsCommand) -> anyhow::Result<Exit
         profile: command.common.profile,
         producer: None,
     };
-    serve("notificacoes", metrics_listen, &listens, |supervisor| async move {
+    serve("notificacoes", metrics_listen, &listens, warnings, |supervisor| async move {
         notifications::start(settings, &supervisor).await
     })
     .await
@@ -293,7 +312,13 @@ pub async fn notifications(command: NotificationsCommand) -> anyhow::Result<Exit
 /// The four services in one process: one runtime, one telemetry set-up, one shutdown signal
 /// that drains every loop; each service keeps its own port.
 pub async fn all(command: AllCommand) -> anyhow::Result<ExitCode> {
-    command.common.replication.check(&command.common.topics)?;
+    let warnings = command.common.check(
+        "all",
+        &[
+            ("TRANSFERENCIAS_DATABASE_URL", command.transfers.database_url.as_str()),
+            ("LEDGER_DATABASE_URL", command.ledger.database_url.as_str()),
+        ],
+    )?;
     let AllCommand {
         transfers: transfers_args,
         ledger: ledger_args,
@@ -310,7 +335,7 @@ pub async fn all(command: AllCommand) -> anyhow::Result<ExitCode> {
         ("antifraude", "ANTIFRAUDE_LISTEN", antifraud_args.listen),
         ("notificacoes", "NOTIFICACOES_LISTEN", notifications_args.listen),
     ];
-    serve("all", metrics_listen, &listens, |supervisor| async move {
+    serve("all", metrics_listen, &listens, warnings, |supervisor| async move {
         let CommonArgs { kafka, topics, profile, .. } = common;
         // one idempotent producer for the four services: one set of librdkafka threads and
         // connections instead of four (antifraude's transactional producer stays its own)

@@ -17,10 +17,14 @@ pub struct TopicsCommand {
 
     #[command(flatten)]
     replication: ReplicationArgs,
+
+    #[command(flatten)]
+    transport: telemetry::transport::TransportArgs,
 }
 
 pub async fn run(args: TopicsCommand) -> anyhow::Result<ExitCode> {
     args.replication.check(&args.topics)?;
+    crate::transport::check("topics", &args.transport, Some(&args.kafka), &[])?;
     let specs = contracts::topics::plan(&args.kafka.topic_prefix);
     let report = kafka_admin::topics::ensure(&args.kafka, &args.topics, &specs).await?;
     print!("{report}");

@@ -1,5 +1,5 @@
 //! `pagamentos verify [--scope ledger|all]`: the books against the contract's invariants
-//! (`CONTRACT.md` §4). The ledger's own invariants (1–3) are set-based queries in
+//! (`CONTRACT.md` §4). The ledger's own invariants (1–3, 5) are set-based queries in
 //! [`ledger::verify`]; invariant 4 reads each database through the crate that owns it
 //! ([`ledger::verify`], [`transfers::verify`]) and merges the two databases' settled ids and,
 //! field by field, their decided transfers (outcome, reason; amount, accounts and currency of a
@@ -25,7 +25,7 @@ use crate::database::{self, DatabaseArgs};
 /// What to check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Scope {
-    /// Invariants 1–3, the ledger database alone.
+    /// Invariants 1–3 and 5, the ledger database alone.
     Ledger,
     /// Also invariant 4: transfers LIQUIDADA in transferencias iff settled in the ledger, every
     /// decided transfer alike in both databases, none PENDENTE too long.
@@ -34,7 +34,7 @@ pub enum Scope {
 
 #[derive(Debug, clap::Args)]
 pub struct VerifyArgs {
-    /// `ledger`: invariants 1–3; `all`: also 4, which reads the transfers database (run it
+    /// `ledger`: invariants 1–3 and 5; `all`: also 4, which reads the transfers database (run it
     /// once the pipeline is drained: a transfer in flight is reported).
     #[arg(long, value_enum, default_value_t = Scope::All)]
     scope: Scope,
@@ -46,6 +46,9 @@ pub struct VerifyArgs {
 
     #[command(flatten)]
     databases: DatabaseArgs,
+
+    #[command(flatten)]
+    transport: telemetry::transport::TransportArgs,
 }
 
 /// `N`, `Ns`, `Nm` or `Nh`.
@@ -65,6 +68,11 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
+    let mut databases = vec![("LEDGER_DATABASE_URL", args.databases.ledger_database_url.as_str())];
+    if args.scope == Scope::All {
+        databases.push(("TRANSFERENCIAS_DATABASE_URL", args.databases.transferencias_database_url.as_str()));
+    }
+    crate::transport::check("verify", &args.transport, None, &databases)?;
     let ledger_pool = database::connect(&args.databases.ledger_database_url, 2).await?;
     let mut results = ledger::verify::ledger_invariants(&ledger_pool).await?;
     if args.scope == Scope::All {
@@ -73,6 +81,8 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         results.push(decided_alike(&transfers_pool, &ledger_pool).await?);
         results.push(pending_too_long(&transfers_pool, &ledger_pool, args.pending_older_than).await?);
     }
+    // in the contract's order: invariant 4's checks before the ledger's invariant 5
+    results.sort_by_key(|result| result.invariant);
     print!("{}", report(&results));
     Ok(if results.iter().all(CheckResult::is_clean) { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

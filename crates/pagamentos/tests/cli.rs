@@ -57,7 +57,15 @@ async fn migrate_creates_the_ledger_schema_once() {
     .expect("tables");
     assert_eq!(
         tables,
-        ["_sqlx_migrations", "conta", "deposito", "lancamento", "outbox_evento", "transferencia_processada"]
+        [
+            "_sqlx_migrations",
+            "cliente_api",
+            "conta",
+            "deposito",
+            "lancamento",
+            "outbox_evento",
+            "transferencia_processada"
+        ]
     );
 
     // the balance check: only issuer accounts may go negative
@@ -95,7 +103,10 @@ async fn migrate_creates_the_transfers_schema() {
     .fetch_all(&database.pool)
     .await
     .expect("tables");
-    assert_eq!(tables, ["_sqlx_migrations", "chave_idempotencia", "outbox_evento", "transferencia"]);
+    assert_eq!(
+        tables,
+        ["_sqlx_migrations", "chave_idempotencia", "cliente_api", "outbox_evento", "transferencia"]
+    );
 }
 
 #[tokio::test]

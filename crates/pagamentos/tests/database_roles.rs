@@ -8,6 +8,9 @@
 //! a member of `ledger_runtime`) that may insert and read entries, decisions and deposits but
 //! not rewrite or remove them, and changes no schema. Those tests use databases of their own,
 //! migrated by their owner, reached as `ledger_app`.
+//!
+//! The issuer flag locked (issue #46): `ledger_app` may update an account's balance only, never
+//! its `emissor` flag, currency or id, and no account but `EMISSOR-<moeda>` can be an issuer.
 
 mod common;
 
@@ -141,6 +144,18 @@ fn transfers_runtime_on(name: &str) -> PgConnectOptions {
     on_test_server(transfers::DEFAULT_DATABASE_URL).database(name)
 }
 
+/// Runs `statement` on `connection`, which must refuse it as breaking check `constraint`.
+async fn refused_by_check(connection: &mut PgConnection, statement: &str, constraint: &str) {
+    match sqlx::raw_sql(statement).execute(&mut *connection).await {
+        Ok(_) => panic!("allowed: {statement}"),
+        Err(sqlx::Error::Database(e)) => {
+            assert_eq!(e.code().as_deref(), Some("23514"), "{statement}: not a check violation: {e}");
+            assert_eq!(e.constraint(), Some(constraint), "{statement}: {e}");
+        }
+        Err(e) => panic!("{statement}: not a check violation: {e}"),
+    }
+}
+
 /// Runs `statement` on `connection`, which must refuse it for want of privilege.
 async fn refused_statement(connection: &mut PgConnection, statement: &str) {
     match sqlx::raw_sql(statement).execute(&mut *connection).await {
@@ -206,6 +221,27 @@ async fn the_ledgers_runtime_role_inserts_and_reads_the_books_but_never_rewrites
         refused_statement(&mut runtime, &format!("ALTER TABLE {table} DISABLE TRIGGER ALL")).await;
     }
     refused_statement(&mut runtime, "DELETE FROM conta WHERE id = 'CC-B'").await;
+    // an account's balance moves; its issuer flag, currency and id never change (issue #46)
+    for statement in [
+        "UPDATE conta SET emissor = true WHERE id = 'CC-B'",
+        "UPDATE conta SET saldo_centavos = -1000000, emissor = true WHERE id = 'CC-B'",
+        "UPDATE conta SET emissor = false WHERE id = 'EMISSOR-BRL'",
+        "UPDATE conta SET moeda = 'USD' WHERE id = 'CC-B'",
+        "UPDATE conta SET id = 'EMISSOR-USD' WHERE id = 'CC-B'",
+        "UPDATE conta SET id = 'CC-C' WHERE id = 'CC-B'",
+        "INSERT INTO conta (id, saldo_centavos, moeda) VALUES ('CC-B', 0, 'BRL') \
+           ON CONFLICT (id) DO UPDATE SET emissor = true",
+    ] {
+        refused_statement(&mut runtime, statement).await;
+    }
+    // and no account is opened as an issuer but EMISSOR-<its currency>, nor that one as anything else
+    for statement in [
+        "INSERT INTO conta (id, saldo_centavos, moeda, emissor) VALUES ('CC-X', 0, 'BRL', true)",
+        "INSERT INTO conta (id, saldo_centavos, moeda, emissor) VALUES ('EMISSOR-USD', 0, 'BRL', true)",
+        "INSERT INTO conta (id, saldo_centavos, moeda) VALUES ('EMISSOR-USD', 0, 'USD')",
+    ] {
+        refused_by_check(&mut runtime, statement, "conta_emissor_check").await;
+    }
     refused_statement(&mut runtime, "TRUNCATE conta CASCADE").await;
     refused_statement(&mut runtime, "DROP TABLE conta CASCADE").await;
     refused_statement(&mut runtime, "DROP TABLE outbox_evento").await;
@@ -226,6 +262,19 @@ async fn the_ledgers_runtime_role_inserts_and_reads_the_books_but_never_rewrites
     .await
     .expect("the books");
     assert_eq!((entries, decided.as_str(), deposits), (2, "LIQUIDADA", 500));
+    let accounts: Vec<(String, i64, String, bool)> =
+        sqlx::query_as("SELECT id::text, saldo_centavos, moeda::text, emissor FROM conta ORDER BY id")
+            .fetch_all(&database.pool)
+            .await
+            .expect("the accounts");
+    assert_eq!(
+        accounts,
+        [
+            ("CC-A".to_owned(), 400, "BRL".to_owned(), false),
+            ("CC-B".to_owned(), 100, "BRL".to_owned(), false),
+            ("EMISSOR-BRL".to_owned(), -500, "BRL".to_owned(), true),
+        ]
+    );
     runtime.close().await.expect("close");
 }
 

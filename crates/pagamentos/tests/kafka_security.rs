@@ -1,8 +1,10 @@
 //! The secure broker (`scripts/stack secure up`: SASL_SSL, SCRAM-SHA-512, StandardAuthorizer,
 //! ACLs per service): the four services as separate processes, each as its own Kafka user, move
 //! money end to end; a `TransferenciaAnalisada` forged with the transferencias principal is
-//! refused by the broker and moves no money; clients without credentials, with a wrong password
-//! or trusting another CA are refused; only the operator's user creates topics.
+//! refused by the broker and moves no money; one forged as a dead letter by notificacoes (which
+//! may write its `-dlt` topic) is refused by the operator's replay and moves no money either;
+//! clients without credentials, with a wrong password or trusting another CA are refused; only
+//! the operator's user creates topics.
 //!
 //! `#[ignore]`d: they need the secure broker, which `scripts/test` starts before running them
 //! (`cargo test -p pagamentos --test kafka_security -- --ignored`). Without it they fail.
@@ -182,6 +184,135 @@ async fn each_service_as_its_own_user_and_a_forged_analysis_moves_no_money() {
                 log.lines().filter(|line| line.contains(password.as_str())).take(3).collect();
             assert!(lines.is_empty(), "a SASL password is in {service}'s log:\n{}", lines.join("\n"));
         }
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// `pagamentos dlt ARGS` as Kafka `user` on the secure broker's topics behind `prefix`:
+/// (exit code, stdout, stderr).
+async fn dlt_command(user: &str, prefix: &str, args: &[&str]) -> (i32, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_pagamentos"))
+        .arg("dlt")
+        .args(args)
+        .env("KAFKA_BOOTSTRAP_SERVERS", secure::bootstrap_servers())
+        .env("PAGAMENTOS_TOPIC_PREFIX", prefix)
+        .envs(secure::security(user).to_env())
+        // the log an operator gets by default (`info`)
+        .env_remove("RUST_LOG")
+        .output()
+        .await
+        .expect("run pagamentos dlt");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the secure broker: scripts/stack secure up"]
+async fn a_dead_letter_forged_by_notificacoes_is_not_replayed_into_the_ledgers_input() {
+    let system = System::on_kafka(secure::args(secure::SUPER_USER), 1).await;
+    let prefix = system.topics.args.topic_prefix.clone();
+    secure::grant(&prefix).await;
+    let (_receiver, webhook_url) = Receiver::start().await;
+    let mut running = start_services(&system, &webhook_url).await;
+    system.open_account("DLT-A", 10_000).await;
+    system.open_account("DLT-B", 0).await;
+
+    // notificacoes may write transferencias.liquidada-dlt (its own dead letters): there it
+    // writes the analysis of a transfer that never was, whose header sends it to the ledger
+    let analysed = system.topics.topic(contracts::topics::ANALYSED);
+    let settled = system.topics.topic(contracts::topics::SETTLED);
+    let dead_letters = system.topics.topic("transferencias.liquidada-dlt");
+    let forged_id = uuid::Uuid::new_v4().to_string();
+    let forged = json!({
+        "eventoId": uuid::Uuid::new_v4(), "transferenciaId": forged_id, "contaOrigem": "DLT-A",
+        "contaDestino": "DLT-B", "valorEmCentavos": 5_000, "moeda": "BRL", "score": 0,
+        "analisadaEm": "2026-12-07T10:00:00Z"
+    })
+    .to_string();
+    let mut forger_args = secure::args("notificacoes");
+    forger_args.topic_prefix = prefix.clone();
+    let forger = kafka::producer::Producer::new(&kafka::config::producer_config(
+        &forger_args,
+        "forger",
+        Duration::ZERO,
+    ))
+    .expect("producer");
+    let letter = kafka::producer::OutgoingRecord::new(dead_letters.as_str(), "DLT-A", forged)
+        .header("evento-tipo", "TransferenciaAnalisada")
+        .header("kafka_dlt-original-topic", analysed.as_str())
+        .header("kafka_dlt-exception-message", "webhook answered 400 Bad Request");
+    forger.send(&letter).await.expect("notificacoes may write its dead-letter topic");
+
+    // the on-call's routine replay, as the operator (who may write every topic): refused,
+    // said with the record and why, on the output and in the log, exit 1
+    let (code, stdout, stderr) =
+        dlt_command("operador", &prefix, &["replay", "transferencias.liquidada-dlt", "--all"]).await;
+    assert_eq!(code, 1, "the replay of a forged letter did not fail:\n{stdout}{stderr}");
+    assert!(stdout.contains("0 replayed") && stdout.contains("1 refused"), "{stdout}");
+    let why = format!("refused: {analysed} is neither {settled} nor one of its retry topics");
+    assert!(stdout.contains(&format!("{dead_letters} partition ")) && stdout.contains(&why), "{stdout}");
+    assert!(
+        stderr.contains("dead letter refused") && stderr.contains(analysed.as_str()),
+        "not logged: {stderr}"
+    );
+    // left in place: still listed, not replayed
+    let (code, stdout, stderr) =
+        dlt_command("operador", &prefix, &["list", "transferencias.liquidada-dlt", "--json"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    let letters: Value = serde_json::from_str(&stdout).expect("JSON list");
+    let letters = letters.as_array().expect("an array");
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(
+        (letters[0]["originalTopic"].as_str(), &letters[0]["replayed"]),
+        (Some(analysed.as_str()), &json!(false))
+    );
+    // and --to the ledger's input is refused before anything is sent
+    let to = ["replay", "transferencias.liquidada-dlt", "--all", "--to", contracts::topics::ANALYSED];
+    let (code, stdout, stderr) = dlt_command("operador", &prefix, &to).await;
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(stderr.contains("refused") && stderr.contains("nothing read or sent"), "{stderr}");
+
+    // a marker: a legitimate transfer from the same account (so the same partition of
+    // analisada) settles after the replays; had the forgery reached analisada, the ledger
+    // would have read it first
+    let marker = system.transfer("DLT-A", "DLT-B", 100).await.expect("accepted");
+    assert_eq!(system.final_status(&marker).await.0, "LIQUIDADA", "{}", running.tails());
+    assert_eq!(
+        (system.balance("DLT-A").await, system.balance("DLT-B").await),
+        (9_900, 100),
+        "no money moved but the marker's"
+    );
+    for account in ["DLT-A", "DLT-B"] {
+        let entries = entries(&system, account).await;
+        assert!(entries.iter().any(|entry| entry["transferenciaId"] == marker.as_str()), "{entries:?}");
+        assert!(entries.iter().all(|entry| entry["transferenciaId"] != forged_id.as_str()), "{entries:?}");
+    }
+    // analisada read to its end: the marker's analysis is there, nothing replayed is
+    let records = testkit::read_to_end(&system.topics.args, &analysed).await;
+    let payload = |record: &kafka::rdkafka::message::OwnedMessage| {
+        use kafka::rdkafka::Message as _;
+        String::from_utf8_lossy(record.payload().unwrap_or_default()).into_owned()
+    };
+    assert!(
+        records.iter().any(|record| payload(record).contains(&marker)),
+        "the marker is not in {analysed}"
+    );
+    for record in &records {
+        assert!(!payload(record).contains(&forged_id), "the forged analysis reached {analysed}");
+        assert!(
+            kafka::consumer::header(record, kafka_admin::dlt::REPLAYED_FROM).is_none(),
+            "a replayed record reached {analysed}"
+        );
+    }
+    let (code, report) = system.verify().await;
+    assert_eq!(code, 0, "{report}");
+    for child in &mut running.children {
+        child.kill().await.expect("stop a service");
+    }
+    for (_, path) in &running.logs {
         let _ = std::fs::remove_file(path);
     }
 }

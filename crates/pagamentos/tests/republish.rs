@@ -327,3 +327,46 @@ async fn a_lost_outcome_event_is_sent_again_from_the_ledger_and_moves_nothing() 
     assert_eq!(code, 0, "{report}");
     terminate(&mut all).await;
 }
+
+/// A transfer antifraude blocked is final (`REJEITADA`) and the ledger never heard of it. Its
+/// request sent again after the threshold was raised would be analysed again, pass, and settle
+/// what was decided otherwise: `republish` refuses it (named, exit 1), dry run or not, and
+/// sends nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfer_blocked_by_antifraude_is_final_and_never_sent_again() {
+    let system = System::new().await;
+    let mut all = system.start_with(&[("ANTIFRAUDE_BLOQUEIO_CENTAVOS", "1000")]).await;
+    system.open_account("FRA-A", 1_000_000).await;
+    system.open_account("FRA-B", 0).await;
+    let blocked = system.transfer("FRA-A", "FRA-B", 5_000).await.expect("accepted");
+    let (final_status, reason) = system.final_status(&blocked).await;
+    assert_eq!((final_status.as_str(), &reason), ("REJEITADA", &json!("BLOQUEADA_ANTIFRAUDE")));
+    terminate(&mut all).await;
+
+    // the threshold raised: the same request would pass antifraude now
+    let mut all = system.start_with(&[("ANTIFRAUDE_BLOQUEIO_CENTAVOS", "1000000")]).await;
+    let blocked_id: Uuid = blocked.parse().expect("uuid");
+    let requests = outbox_rows_of(&system, blocked_id).await;
+    for args in [&["--id", blocked.as_str(), "--dry-run"][..], &["--id", blocked.as_str()][..]] {
+        let (code, out) = republish(&system, args).await;
+        assert_eq!(code, 1, "refused: {out}");
+        assert!(
+            out.contains(&format!("{blocked} REJEITADA for "))
+                && out.contains("REJEITADA (BLOQUEADA_ANTIFRAUDE)")
+                && out.contains("refused"),
+            "{out}"
+        );
+        assert!(out.contains(", 1 refused"), "{out}");
+        assert_eq!(outbox_rows_of(&system, blocked_id).await, requests, "nothing sent: {out}");
+    }
+    // a transfer of the same account accepted afterwards and settled: had the blocked one's
+    // request been sent again, it would have been decided before this one (one key, in order)
+    let marker = system.transfer("FRA-A", "FRA-B", 200).await.expect("accepted");
+    assert_eq!(system.final_status(&marker).await.0, "LIQUIDADA");
+    assert_eq!(status(&system, &blocked).await, "REJEITADA");
+    assert_eq!(system.balance("FRA-A").await, 1_000_000 - 200);
+    assert_eq!(system.balance("FRA-B").await, 200);
+    let (code, report) = system.verify().await;
+    assert_eq!(code, 0, "{report}");
+    terminate(&mut all).await;
+}

@@ -9,9 +9,14 @@
 //! 422 with a problem document). Afterwards the process must still be running and ready, and
 //! `pagamentos verify` must find the books balanced after everything the fuzzer paid in.
 //!
+//! Each API is fuzzed twice: with the admin token (every route, every account) and with an API
+//! client's token (`pagamentos clients`, issue #46) bound to `CC-001`, so the client's answers
+//! are held to the documents too: a debit from another account `403`, another's transfer or
+//! account `404`, the admin routes `403`.
+//!
 //! Ignored by plain `cargo test`: it needs Schemathesis, which `scripts/test` installs from PyPI
 //! (into `~/.cache/pagamentos`) and names in `SCHEMATHESIS`. `PAGAMENTOS_SCHEMATHESIS_SECONDS`
-//! (default 40) is each API's time budget.
+//! (default 40) is each run's time budget (four runs: two APIs, two tokens).
 
 mod common;
 
@@ -23,8 +28,9 @@ use tokio::process::Command;
 use common::system::System;
 use common::ADMIN_TOKEN;
 
-/// Runs Schemathesis on the API at `port`; its report, and whether it passed.
-async fn schemathesis(port: u16, seconds: u64) -> (bool, String) {
+/// Runs Schemathesis on the API at `port` with the bearer `token`; its report, and whether it
+/// passed.
+async fn schemathesis(port: u16, token: &str, seconds: u64) -> (bool, String) {
     let program = std::env::var("SCHEMATHESIS").unwrap_or_else(|_| "schemathesis".into());
     let output = Command::new(&program)
         .args(["run", &format!("http://127.0.0.1:{port}/openapi.json")])
@@ -32,7 +38,7 @@ async fn schemathesis(port: u16, seconds: u64) -> (bool, String) {
         // one worker: with two, Hypothesis's lambda-source cache raced ("AST constructor
         // recursion depth mismatch", a runtime error in Schemathesis 4.32.5, not a finding)
         .args(["--max-time", &seconds.to_string(), "--workers", "1"])
-        .args(["--header", &format!("Authorization: Bearer {ADMIN_TOKEN}")])
+        .args(["--header", &format!("Authorization: Bearer {token}")])
         .args(["--request-timeout", "10", "--generation-database", "none"])
         .env("NO_COLOR", "1")
         // it keeps a `.schemathesis` cache in its working directory: not in the work tree
@@ -83,9 +89,17 @@ async fn both_apis_hold_to_their_openapi_documents_under_schemathesis() {
         assert_eq!(response.status(), 201, "{}", response.text().await.unwrap_or_default());
     }
 
+    // an API client that may debit and read CC-001 only
+    let client = system.create_client("schemathesis", "CC-001").await;
+
     let mut failed = Vec::new();
-    for (name, port) in [("transferencias", system.ports[0]), ("ledger", system.ports[1])] {
-        let (passed, report) = schemathesis(port, seconds).await;
+    for (name, port, token) in [
+        ("transferencias", system.ports[0], ADMIN_TOKEN),
+        ("ledger", system.ports[1], ADMIN_TOKEN),
+        ("transferencias as an API client", system.ports[0], client.as_str()),
+        ("ledger as an API client", system.ports[1], client.as_str()),
+    ] {
+        let (passed, report) = schemathesis(port, token, seconds).await;
         // the summary (test cases, seed) shows in the log either way
         let tail: Vec<&str> = report.lines().rev().take(12).collect();
         println!("schemathesis on {name}:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));

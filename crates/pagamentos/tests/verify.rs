@@ -1,6 +1,7 @@
 //! `pagamentos verify`, the binary: exit 0 on clean books, 1 naming what broke (invariant 4
-//! in both directions, `--scope ledger` leaving it out), a clear error when a database is
-//! unreachable.
+//! in both directions, `--scope ledger` leaving it out; invariant 5, money minted by a deposit
+//! that debits anything but its currency's issuer, or by an issuer flag on another account), a
+//! clear error when a database is unreachable.
 
 use std::process::Output;
 
@@ -90,7 +91,7 @@ async fn clean_books_exit_0() {
     let output = books.verify(&[]).await;
     let report = stdout(&output);
     assert_eq!(output.status.code(), Some(0), "{report}");
-    assert_eq!(report.lines().last(), Some("verify: clean (12 checks)"), "{report}");
+    assert_eq!(report.lines().last(), Some("verify: clean (14 checks)"), "{report}");
     assert!(!report.contains("BROKEN"));
 }
 
@@ -105,14 +106,14 @@ async fn a_transfer_settled_on_one_side_only_is_named_either_way() {
     assert_eq!(output.status.code(), Some(1), "{report}");
     assert!(report.contains("BROKEN invariant 4 settled-in-both"), "{report}");
     assert!(report.contains(&only_transfers.to_string()), "{report}");
-    assert_eq!(report.lines().last(), Some("verify: 1 breaks in 1 of 12 checks"), "{report}");
+    assert_eq!(report.lines().last(), Some("verify: 1 breaks in 1 of 14 checks"), "{report}");
 
     // --scope ledger leaves invariant 4 (and the transfers database) out
     let output =
         verify_with(&books.ledger.url, "postgres://nobody@127.0.0.1:1/none", &["--scope", "ledger"]).await;
     let report = stdout(&output);
     assert_eq!(output.status.code(), Some(0), "{report}");
-    assert_eq!(report.lines().last(), Some("verify: clean (9 checks)"), "{report}");
+    assert_eq!(report.lines().last(), Some("verify: clean (11 checks)"), "{report}");
 
     // settled by the ledger, still PENDENTE in transferencias
     let (books, _) = self::books().await;
@@ -149,7 +150,7 @@ async fn a_decided_transfer_that_differs_between_the_databases_is_named_with_the
         )),
         "{report}"
     );
-    assert_eq!(report.lines().last(), Some("verify: 1 breaks in 1 of 12 checks"), "{report}");
+    assert_eq!(report.lines().last(), Some("verify: 1 breaks in 1 of 14 checks"), "{report}");
 
     // a rejection: the reason differs, and one rejected on the transfers side only
     let (books, _) = self::books().await;
@@ -176,7 +177,7 @@ async fn a_decided_transfer_that_differs_between_the_databases_is_named_with_the
         )),
         "{report}"
     );
-    assert_eq!(report.lines().last(), Some("verify: 2 breaks in 1 of 12 checks"), "{report}");
+    assert_eq!(report.lines().last(), Some("verify: 2 breaks in 1 of 14 checks"), "{report}");
 
     // the ledger's side: its outcome row says settled where transferencias says rejected
     let (books, _) = self::books().await;
@@ -248,6 +249,98 @@ async fn a_broken_balance_exits_1_naming_invariant_2() {
     assert_eq!(output.status.code(), Some(1), "{report}");
     assert!(report.contains("BROKEN invariant 2 balance-equals-entries"), "{report}");
     assert!(report.contains("BROKEN invariant 3 currency-sums-to-zero"), "{report}");
+}
+
+/// Plants, as the owner, a deposit `id` of `cents` into `credited` debiting `debited`, with its
+/// entries and both balances moved: every invariant but 5 stays whole.
+async fn plant_deposit(pool: &sqlx::PgPool, id: Uuid, debited: &str, credited: &str, cents: i64) {
+    let mut transaction = pool.begin().await.expect("begin");
+    sqlx::query("INSERT INTO deposito (id, conta_id, valor_centavos) VALUES ($1, $2, $3)")
+        .bind(id)
+        .bind(credited)
+        .bind(cents)
+        .execute(&mut *transaction)
+        .await
+        .expect("the deposit");
+    sqlx::query(
+        "INSERT INTO lancamento (transferencia_id, conta_id, tipo, valor_centavos) \
+         VALUES ($1, $2, 'D', $4), ($1, $3, 'C', $4)",
+    )
+    .bind(id)
+    .bind(debited)
+    .bind(credited)
+    .bind(cents)
+    .execute(&mut *transaction)
+    .await
+    .expect("its entries");
+    for (account, moved) in [(debited, -cents), (credited, cents)] {
+        sqlx::query("UPDATE conta SET saldo_centavos = saldo_centavos + $2 WHERE id = $1")
+            .bind(account)
+            .bind(moved)
+            .execute(&mut *transaction)
+            .await
+            .expect("a balance");
+    }
+    transaction.commit().await.expect("commit");
+}
+
+#[tokio::test]
+async fn a_deposit_that_debits_a_customer_is_named_by_invariant_5() {
+    let (books, _) = books().await;
+    // A holds 700 after the settlement: a "deposit" of all of it into B, from A, not from the
+    // issuer; every entry, balance and sum still agrees
+    let deposit = Uuid::new_v4();
+    plant_deposit(&books.ledger.pool, deposit, "A", "B", 700).await;
+    let output = books.verify(&["--scope", "ledger"]).await;
+    let report = stdout(&output);
+    assert_eq!(output.status.code(), Some(1), "{report}");
+    assert!(report.contains("BROKEN invariant 5 deposit-from-issuer"), "{report}");
+    assert!(
+        report.contains(&format!(
+            "{deposit}: deposit of 700 into B: D on A (700), C on B (700); money enters only from EMISSOR-BRL"
+        )),
+        "{report}"
+    );
+    assert_eq!(report.lines().last(), Some("verify: 1 breaks in 1 of 11 checks"), "{report}");
+}
+
+#[tokio::test]
+async fn an_issuer_flag_on_another_account_is_named_by_invariant_5() {
+    let (books, _) = books().await;
+    let pool = &books.ledger.pool;
+    // the schema refuses the flag on any account but EMISSOR-<moeda>, even to the owner
+    let refused = sqlx::query("UPDATE conta SET emissor = true WHERE id = 'A'")
+        .execute(pool)
+        .await
+        .expect_err("the check constraint refuses an issuer flag on A");
+    assert!(refused.to_string().contains("conta_emissor_check"), "{refused}");
+    // whoever may change the schema may drop the constraint: verify does not trust the flag
+    sqlx::raw_sql(
+        "ALTER TABLE conta DROP CONSTRAINT IF EXISTS conta_emissor_check; \
+         UPDATE conta SET emissor = true WHERE id = 'A'",
+    )
+    .execute(pool)
+    .await
+    .expect("as the owner, without the constraint");
+    let output = books.verify(&["--scope", "ledger"]).await;
+    let report = stdout(&output);
+    assert_eq!(output.status.code(), Some(1), "{report}");
+    assert!(report.contains("BROKEN invariant 5 issuer-flag"), "{report}");
+    assert!(report.contains("A: flagged emissor, but only EMISSOR-BRL is the issuer of BRL"), "{report}");
+    assert_eq!(report.lines().last(), Some("verify: 1 breaks in 1 of 11 checks"), "{report}");
+
+    // and the money it then mints: A, "an issuer", debited below 0 for a deposit into B
+    let deposit = Uuid::new_v4();
+    plant_deposit(pool, deposit, "A", "B", 5_000).await;
+    let output = books.verify(&["--scope", "ledger"]).await;
+    let report = stdout(&output);
+    assert_eq!(output.status.code(), Some(1), "{report}");
+    assert!(report.contains("BROKEN invariant 2 not-negative"), "{report}");
+    assert!(report.contains("A: saldo_centavos -4300"), "{report}");
+    assert!(report.contains("BROKEN invariant 5 deposit-from-issuer"), "{report}");
+    assert!(report.contains(&format!("{deposit}: deposit of 5000 into B: D on A (5000)")), "{report}");
+    assert!(report.contains("BROKEN invariant 5 issuer-flag"), "{report}");
+    assert_eq!(report.lines().last(), Some("verify: 3 breaks in 3 of 11 checks"), "{report}");
 }
 
 #[tokio::test]

@@ -205,7 +205,8 @@ impl Readiness {
     }
 
     /// For a service run by `supervisor`: also `503` with a `task <name> stopped: <why>` line
-    /// per task that stopped on its own, and a `shutting down` line once the shutdown began.
+    /// per task that stopped on its own, and a `shutting down` line once the shutdown began;
+    /// the process's warnings ([`Supervisor::report_warnings`]) after the service's own.
     pub fn supervised_by(mut self, supervisor: &Supervisor) -> Self {
         self.supervisor = Some(supervisor.clone());
         self
@@ -292,8 +293,13 @@ async fn readyz(State(readiness): State<Readiness>, headers: HeaderMap) -> Respo
         (true, false) => (StatusCode::OK, "ready\n".to_owned()),
         (false, false) => (StatusCode::SERVICE_UNAVAILABLE, "not ready\n".to_owned()),
         (ready, true) => {
-            let warnings: String =
-                readiness.warnings.iter().map(|warning| format!("warning: {warning}\n")).collect();
+            let process = readiness.supervisor.as_ref().map(Supervisor::warnings).unwrap_or_default();
+            let warnings: String = readiness
+                .warnings
+                .iter()
+                .chain(&process)
+                .map(|warning| format!("warning: {warning}\n"))
+                .collect();
             if ready {
                 (StatusCode::OK, format!("ready\n{warnings}"))
             } else {
@@ -471,6 +477,26 @@ mod tests {
             let answer = get_as(app.clone(), "/readyz", caller).await;
             assert_eq!(answer, (StatusCode::SERVICE_UNAVAILABLE, "not ready\n".to_owned()), "{caller:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn the_process_warnings_follow_the_services_own_for_the_admin_only() {
+        let supervisor = Supervisor::new();
+        supervisor.report_warnings(["insecure transport allowed".to_owned()]);
+        let ok: Vec<Arc<dyn ReadinessCheck>> = vec![Arc::new(Fixed("postgres", Ok(())))];
+        let readiness = Readiness::new(ok, ReadinessDetail::Token(ADMIN.into()))
+            .with_warnings(vec!["connected as the schema's owner".to_owned()])
+            .supervised_by(&supervisor);
+        let app = router(readiness, MetricsRoute::ServicePort);
+        assert_eq!(
+            get_as(app.clone(), "/readyz", Some(ADMIN)).await,
+            (
+                StatusCode::OK,
+                "ready\nwarning: connected as the schema's owner\nwarning: insecure transport allowed\n"
+                    .to_owned()
+            )
+        );
+        assert_eq!(get_as(app, "/readyz", None).await, (StatusCode::OK, "ready\n".to_owned()));
     }
 
     #[tokio::test]

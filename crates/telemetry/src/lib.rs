@@ -11,10 +11,14 @@
 //! - [`server`]: bind a router and serve it until shutdown.
 //! - [`supervisor`]: the service shell: named critical tasks, one shutdown token, a task that
 //!   stops shuts the process down with a non-zero exit.
+//! - [`transport`]: transport fails closed off the machine: loopback hosts, the
+//!   `--insecure-transport` opt-in and its refusal.
 //!
 //! # Architecture invariant
 //! Knows nothing of Kafka, databases or the domain: readiness checks are supplied by the
 //! services as [`health::ReadinessCheck`]s, and trace context travels as plain strings.
+
+#![forbid(unsafe_code)]
 
 pub mod context;
 pub mod health;
@@ -23,6 +27,7 @@ pub mod logging;
 pub mod metrics;
 pub mod server;
 pub mod supervisor;
+pub mod transport;
 
 /// `url` fit for a log or a `Debug` print: its password replaced by `***` and its query and
 /// fragment (where tokens travel) dropped. Text that is not a URL is shown as `***` whole.

@@ -33,6 +33,9 @@ pub struct Supervisor {
     shutdown: CancellationToken,
     tracker: TaskTracker,
     stopped: Arc<Mutex<Vec<String>>>,
+    /// Modes the whole process runs in against the defaults (`--insecure-transport`), one
+    /// `warning:` line each on the `/readyz` of every service it runs.
+    warnings: Arc<Mutex<Vec<String>>>,
 }
 
 /// How the tasks ended.
@@ -61,7 +64,7 @@ impl Supervisor {
     /// A supervisor over an existing token and tracker (tests that drive the shutdown
     /// themselves).
     pub fn from_parts(shutdown: CancellationToken, tracker: TaskTracker) -> Self {
-        Self { shutdown, tracker, stopped: Arc::default() }
+        Self { shutdown, tracker, stopped: Arc::default(), warnings: Arc::default() }
     }
 
     /// The token every task watches at its safe points; cancelled by a signal, by
@@ -124,6 +127,17 @@ impl Supervisor {
     /// One `task <name> stopped: <why>` line per task that stopped on its own.
     pub fn stopped(&self) -> Vec<String> {
         self.stopped.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    /// Reports `warnings` (modes the process runs in against the defaults, already logged) on
+    /// the `/readyz` of every service supervised by this, after each service's own.
+    pub fn report_warnings(&self, warnings: impl IntoIterator<Item = String>) {
+        self.warnings.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).extend(warnings);
+    }
+
+    /// The warnings [`Self::report_warnings`] was given.
+    pub fn warnings(&self) -> Vec<String> {
+        self.warnings.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
     }
 
     /// Cancels the shutdown token on the first SIGINT (ctrl-c) or SIGTERM.

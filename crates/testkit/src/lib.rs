@@ -26,6 +26,8 @@
 //! # Architecture invariant
 //! Only ever a dev-dependency.
 
+#![forbid(unsafe_code)]
+
 pub mod otlp;
 pub mod secure;
 pub mod webhook;

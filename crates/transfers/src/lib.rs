@@ -19,6 +19,8 @@
 //! Owns the `transferencias` database; no other crate writes to it. Knows other services only
 //! through the contract's events.
 
+#![forbid(unsafe_code)]
+
 pub mod api;
 pub mod domain;
 pub mod error;
@@ -212,8 +214,10 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
         tracing::warn!("TRANSFERENCIAS_IDEMPOTENCY_KEY_REQUIRED=false: a client that retries without an Idempotency-Key after a lost answer may create a transfer twice");
     }
     let pool = database::connect(&args.database_url, &args.pool_settings()).await?;
-    // migrates as the schema's owner; a runtime role only checks (database::schema)
-    database::schema::migrate_or_check(&pool, &MIGRATOR).await?;
+    // migrates as the schema's owner, and says so (/readyz, log); a runtime role only checks
+    let owner = database::schema::migrate_or_check(&pool, &MIGRATOR).await?.warn_if_owner("transferencias");
+    // API clients' tokens, looked up in this database's `cliente_api` (`pagamentos clients`)
+    let tokens = tokens.with_clients(Arc::new(api_clients::Directory::new(pool.clone(), "transferencias")));
 
     kafka_admin::topics::ensure_at_start(&kafka, &topic_args).await?;
 
@@ -238,7 +242,7 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
         Arc::new(kafka::health::KafkaReady::new(producer.clone(), kafka.topic(topics::REQUESTED))),
     ];
     let readiness = telemetry::health::Readiness::new(checks, tokens.readiness_detail())
-        .with_warnings(tokens.warnings())
+        .with_warnings(tokens.warnings().into_iter().chain(owner).collect())
         .supervised_by(supervisor);
     let app = api::router(state).merge(telemetry::health::router(readiness, metrics));
     // after the recorder is installed (with the router above), before /readyz answers
@@ -321,6 +325,7 @@ mod migration_tests {
             (20261203000004, "10cb8b556d5bf3d7d04b67f2084fbf74e76902710290483ee542d14c91f7a7aa4b33e8479e200fabdec54e18ad6e78f6"),
             (20261205000001, "90eaba260565a7412879872ef96b98e7679eafdf8f18e45bf9d0bf5032d5438d440cd1b2f1abfb4eb51b492c4b10dd7c"),
             (20261206000001, "470937648d2a12b26e44394f12fbfc9f57825c9986f8fe9444e08a74ac736e15180e9cbf25dcf997f3bf55bf051df734"),
+            (20261207000046, "65e890f9645e606a3afd8c42a12cf5f482916ce269e46aaeac9091f94d266b3906e4b6e6ca5db5624b3856be6a883c67"),
         ];
         outbox::migrations::assert_checksums(&super::MIGRATOR, &recorded);
     }

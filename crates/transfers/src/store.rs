@@ -406,6 +406,35 @@ pub async fn list(pool: &PgPool, filter: &ListFilter) -> Result<Vec<Transfer>, S
     Ok(rows)
 }
 
+/// Newest first, the transfers touching one of `accounts` (an API client's): all of them, or,
+/// with `other` (not one of `accounts`), those between `other` and one of `accounts`. Two
+/// disjoint sides, each on its index: debits from `accounts`, and credits to `accounts` from
+/// elsewhere.
+pub async fn list_touching(
+    pool: &PgPool,
+    accounts: &[String],
+    other: Option<&str>,
+    status: Option<Status>,
+    limit: i64,
+) -> Result<Vec<Transfer>, StoreError> {
+    let status = status.map(|status| status.as_str());
+    Ok(sqlx::query_as(&format!(
+        "SELECT * FROM (({SELECT_TRANSFER} WHERE conta_origem = ANY($1) \
+             AND ($2::text IS NULL OR conta_destino = $2) AND ($3::text IS NULL OR status = $3) \
+             ORDER BY criada_em DESC, id DESC LIMIT $4) \
+           UNION ALL ({SELECT_TRANSFER} WHERE conta_destino = ANY($1) AND conta_origem <> ALL($1) \
+             AND ($2::text IS NULL OR conta_origem = $2) AND ($3::text IS NULL OR status = $3) \
+             ORDER BY criada_em DESC, id DESC LIMIT $4)) AS both_sides \
+         ORDER BY criada_em DESC, id DESC LIMIT $4"
+    ))
+    .bind(accounts)
+    .bind(other)
+    .bind(status)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
+}
+
 /// Deletes expired Idempotency-Keys, a small batch at a time; returns how many.
 pub async fn delete_expired_keys(pool: &PgPool) -> Result<u64, StoreError> {
     let mut deleted = 0;

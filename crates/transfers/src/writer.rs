@@ -12,6 +12,7 @@
 use std::sync::Arc;
 
 use sqlx::PgPool;
+use telemetry::server::Handoff;
 use tokio::sync::oneshot;
 
 use crate::error::StoreError;
@@ -56,7 +57,21 @@ impl Writer {
     /// than the intake, or hung) the request is refused at once ([`StoreError::WriterBusy`]):
     /// waiting for room would only hold the client and its connection.
     pub async fn create(&self, transfer: NewTransfer) -> Result<Created, StoreError> {
+        self.create_marking(transfer, &Handoff::default()).await
+    }
+
+    /// [`Self::create`], marking `handoff` at the moment the transfer may be written whatever
+    /// becomes of the caller: queued for a writer task (which writes it even if the caller is
+    /// dropped), or, one transaction per request, about to be written on the caller's task
+    /// (dropped while its `COMMIT` is on the way, it may be committed). From then on, a request
+    /// timeout answers that the outcome is unknown, never "retry later" (`telemetry::server`).
+    pub async fn create_marking(
+        &self,
+        transfer: NewTransfer,
+        handoff: &Handoff,
+    ) -> Result<Created, StoreError> {
         let Some(queue) = &self.queue else {
+            handoff.mark();
             return store::create(&self.pool, &transfer).await;
         };
         let (answer, answered) = oneshot::channel();
@@ -64,6 +79,7 @@ impl Writer {
             flume::TrySendError::Full(_) => StoreError::WriterBusy,
             flume::TrySendError::Disconnected(_) => StoreError::WriterStopped,
         })?;
+        handoff.mark();
         answered.await.map_err(|_| StoreError::WriterStopped)?
     }
 }

@@ -345,13 +345,19 @@ async fn without_tokens_the_service_refuses_to_start_unless_told_to_run_open() {
         assert!(matches!(refused, Err(transfers::Error::Auth(_))), "{auth:?}: {refused:?}");
         assert!(tracker.is_empty(), "{auth:?}: nothing was started");
     }
-    // the open mode is explicit, and /readyz says so
+    // the open mode is explicit, and /readyz says so (and, after it, that the test's database
+    // is reached as its owner, issue #46)
     let app = spawn_app_with_auth(web::AuthArgs::insecure(), |_| {}).await;
     let ready = app.http.get(app.url("/readyz")).send().await.expect("send");
     assert_eq!(ready.status(), 200);
+    let role = app.database.pool.connect_options().get_username().to_owned();
+    let owner = database::schema::Prepared::Migrated { role }.owner_warning("transferencias").expect("owner");
     assert_eq!(
         ready.text().await.expect("text"),
-        "ready\nwarning: authentication disabled (--insecure-no-auth): every caller is an admin\n"
+        format!(
+            "ready\nwarning: authentication disabled (--insecure-no-auth): every caller is an admin\n\
+             warning: {owner}\n"
+        )
     );
     app.stop().await;
 }

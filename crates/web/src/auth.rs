@@ -6,6 +6,17 @@
 //! wherever the API token is, and only it may use the admin routes (accounts, deposits: `403`
 //! with the API token) and read `/readyz`'s detail (anyone else reads its status line only). Tokens are compared in constant time and never logged; the caller's
 //! identity for Idempotency-Key scoping is a hash of its token.
+//!
+//! API clients (`CONTRACT.md` §2, `pagamentos clients`): besides the two tokens, a service may
+//! accept the tokens of clients, each bound to its accounts ([`Client`]). Their SHA-256 is
+//! looked up in the service's own database on every request ([`ClientDirectory`], one indexed
+//! query; nothing cached), so a revocation holds from the next request on. Only a token of a
+//! client token's shape ([`is_client_token`]) is looked up: any other unknown token is a `401`
+//! without a query.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 
 use axum::extract::{Request, State};
 use axum::http::header;
@@ -20,10 +31,13 @@ use crate::problem::ApiError;
 /// Who is calling, as `authenticate` left it in the request's extensions.
 #[derive(Debug, Clone)]
 pub struct Caller {
-    /// The scope of its Idempotency-Keys: a hash of its token.
+    /// The scope of its Idempotency-Keys: a hash of its token (so each client has its own).
     pub scope: String,
     /// It may use the admin routes.
     pub admin: bool,
+    /// An API client's token: only its accounts. `None`: every account (the shared API token,
+    /// the admin token, or no authentication).
+    pub client: Option<Client>,
 }
 
 impl Caller {
@@ -35,6 +49,58 @@ impl Caller {
             Err(ApiError::Forbidden)
         }
     }
+
+    /// Whether the caller may debit and read `account`: any account, but a client only its own.
+    pub fn may_use(&self, account: &str) -> bool {
+        self.client.as_ref().is_none_or(|client| client.holds(account))
+    }
+}
+
+/// An API client (`pagamentos clients`) as its token identifies it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Client {
+    /// Its name, unique (for logs and operators).
+    pub name: String,
+    /// The accounts it may debit and read, and no other.
+    pub accounts: Vec<String>,
+}
+
+impl Client {
+    /// `account` is one of the client's.
+    pub fn holds(&self, account: &str) -> bool {
+        self.accounts.iter().any(|own| own == account)
+    }
+}
+
+/// What [`ClientDirectory::find`] answers.
+pub type ClientLookup<'a> = Pin<Box<dyn Future<Output = Result<Option<Client>, ApiError>> + Send + 'a>>;
+
+/// Where a service looks up the clients' tokens: a table of its own database, written by
+/// `pagamentos clients` (each service reaches only its own database).
+pub trait ClientDirectory: Send + Sync {
+    /// The client whose token's SHA-256 (hex, [`token_hash`]) is `token_hash`, unless it is
+    /// unknown or revoked; `Err` when the directory cannot answer (`503`).
+    fn find<'a>(&'a self, token_hash: &'a str) -> ClientLookup<'a>;
+}
+
+/// Every client token starts so (a secret scanner can recognise one), then
+/// [`CLIENT_TOKEN_HEX_DIGITS`] lowercase hex digits (32 random bytes).
+pub const CLIENT_TOKEN_PREFIX: &str = "pgc_";
+/// Hex digits of a client token after its prefix.
+pub const CLIENT_TOKEN_HEX_DIGITS: usize = 64;
+
+/// `token` has a client token's shape: only such tokens are looked up.
+pub fn is_client_token(token: &str) -> bool {
+    token.strip_prefix(CLIENT_TOKEN_PREFIX).is_some_and(|digits| {
+        digits.len() == CLIENT_TOKEN_HEX_DIGITS
+            && digits.bytes().all(|byte| byte.is_ascii_digit() || (b'a'..=b'f').contains(&byte))
+    })
+}
+
+/// A token's SHA-256 in lowercase hex: how a client's token is stored, and every caller's
+/// Idempotency-Key scope.
+pub fn token_hash(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
 }
 
 /// The authentication options of a service with an API (`CONTRACT.md` §1), flattened once into
@@ -114,7 +180,7 @@ impl AuthArgs {
             (None, Some(_)) => Err(AuthConfigError::Missing("PAGAMENTOS_API_TOKEN")),
             (Some(_), None) => Err(AuthConfigError::Missing("PAGAMENTOS_ADMIN_TOKEN")),
             (Some(api), Some(admin)) if api == admin => Err(AuthConfigError::SameToken),
-            (Some(api), Some(admin)) => Ok(Tokens::Required { api, admin }),
+            (Some(api), Some(admin)) => Ok(Tokens::Required { api, admin, clients: None }),
         }
     }
 }
@@ -122,8 +188,9 @@ impl AuthArgs {
 /// The tokens a service accepts.
 #[derive(Clone)]
 pub enum Tokens {
-    /// Both tokens: the only way [`AuthArgs::resolve`] serves an API by default.
-    Required { api: String, admin: String },
+    /// Both tokens: the only way [`AuthArgs::resolve`] serves an API by default; and the API
+    /// clients' tokens when the service gave a directory ([`Tokens::with_clients`]).
+    Required { api: String, admin: String, clients: Option<Arc<dyn ClientDirectory>> },
     /// `--insecure-no-auth`: every caller is an anonymous admin.
     Disabled,
 }
@@ -131,7 +198,11 @@ pub enum Tokens {
 impl std::fmt::Debug for Tokens {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Required { .. } => f.write_str("Tokens::Required { api: ***, admin: *** }"),
+            Self::Required { clients, .. } => write!(
+                f,
+                "Tokens::Required {{ api: ***, admin: ***, clients: {} }}",
+                if clients.is_some() { "looked up" } else { "none" }
+            ),
             Self::Disabled => f.write_str("Tokens::Disabled"),
         }
     }
@@ -161,21 +232,41 @@ impl Tokens {
         }
     }
 
-    /// The caller that `authorization` (the header's value, if any) identifies.
-    pub fn caller(&self, authorization: Option<&str>) -> Result<Caller, ApiError> {
-        let (api, admin) = match self {
-            Self::Disabled => return Ok(Caller { scope: ANONYMOUS.into(), admin: true }),
-            Self::Required { api, admin } => (api, admin),
+    /// These tokens, and the API clients' tokens looked up in `directory` (with tokens only:
+    /// without authentication every caller is an admin already).
+    pub fn with_clients(self, directory: Arc<dyn ClientDirectory>) -> Self {
+        match self {
+            Self::Required { api, admin, .. } => Self::Required { api, admin, clients: Some(directory) },
+            Self::Disabled => Self::Disabled,
+        }
+    }
+
+    /// The caller that `authorization` (the header's value, if any) identifies: `401` for no
+    /// token, a wrong one, or a client's token unknown or revoked; `503` when the client
+    /// directory cannot answer.
+    pub async fn caller(&self, authorization: Option<&str>) -> Result<Caller, ApiError> {
+        let (api, admin, clients) = match self {
+            Self::Disabled => return Ok(Caller { scope: ANONYMOUS.into(), admin: true, client: None }),
+            Self::Required { api, admin, clients } => (api, admin, clients),
         };
         let given =
             authorization.and_then(|value| value.strip_prefix("Bearer ")).ok_or(ApiError::Unauthorized)?;
         // both compared, so the time taken does not tell which token came close
         let is_admin = matches(given, admin);
         let is_api = matches(given, api);
-        if !(is_admin || is_api) {
-            return Err(ApiError::Unauthorized);
+        let scope = token_hash(given);
+        if is_admin || is_api {
+            return Ok(Caller { scope, admin: is_admin, client: None });
         }
-        Ok(Caller { scope: hex::encode(Sha256::digest(given.as_bytes())), admin: is_admin })
+        // a client's token: found by its hash (never compared as text), on every request, so
+        // a revoked one is refused from the next request on
+        let Some(directory) = clients.as_ref().filter(|_| is_client_token(given)) else {
+            return Err(ApiError::Unauthorized);
+        };
+        match directory.find(&scope).await? {
+            Some(client) => Ok(Caller { scope, admin: false, client: Some(client) }),
+            None => Err(ApiError::Unauthorized),
+        }
     }
 }
 
@@ -187,7 +278,7 @@ pub async fn authenticate(
     next: Next,
 ) -> Result<Response, ApiError> {
     let authorization = request.headers().get(header::AUTHORIZATION).and_then(|value| value.to_str().ok());
-    let caller = tokens.caller(authorization)?;
+    let caller = tokens.caller(authorization).await?;
     request.extensions_mut().insert(caller);
     Ok(next.run(request).await)
 }
@@ -250,10 +341,10 @@ mod tests {
         );
     }
 
-    #[test]
-    fn insecure_mode_is_explicit_and_reported() {
+    #[tokio::test]
+    async fn insecure_mode_is_explicit_and_reported() {
         let tokens = args(None, None, true).resolve("test").expect("insecure");
-        let caller = tokens.caller(None).expect("open");
+        let caller = tokens.caller(None).await.expect("open");
         assert!(caller.admin);
         assert_eq!(tokens.warnings(), vec![INSECURE_WARNING.to_owned()]);
         assert!(matches!(tokens.readiness_detail(), telemetry::health::ReadinessDetail::Open));
@@ -264,18 +355,95 @@ mod tests {
         );
     }
 
-    #[test]
-    fn the_admin_token_works_everywhere_the_api_token_only_on_the_api() {
+    #[tokio::test]
+    async fn the_admin_token_works_everywhere_the_api_token_only_on_the_api() {
         let both = AuthArgs::tokens("api", "adm").resolve("test").expect("tokens");
-        assert!(matches!(both.caller(None), Err(ApiError::Unauthorized)));
-        assert!(matches!(both.caller(Some("Bearer nope")), Err(ApiError::Unauthorized)));
-        assert!(matches!(both.caller(Some("Bearer ")), Err(ApiError::Unauthorized)));
-        assert!(matches!(both.caller(Some("api")), Err(ApiError::Unauthorized)));
-        let api = both.caller(Some("Bearer api")).expect("api token");
+        assert!(matches!(both.caller(None).await, Err(ApiError::Unauthorized)));
+        assert!(matches!(both.caller(Some("Bearer nope")).await, Err(ApiError::Unauthorized)));
+        assert!(matches!(both.caller(Some("Bearer ")).await, Err(ApiError::Unauthorized)));
+        assert!(matches!(both.caller(Some("api")).await, Err(ApiError::Unauthorized)));
+        let api = both.caller(Some("Bearer api")).await.expect("api token");
         assert!(!api.admin && api.require_admin().is_err());
-        let admin = both.caller(Some("Bearer adm")).expect("admin token");
+        assert!(api.client.is_none() && api.may_use("CC-ANY"), "the shared token reaches every account");
+        let admin = both.caller(Some("Bearer adm")).await.expect("admin token");
         assert!(admin.admin && admin.require_admin().is_ok());
+        assert!(admin.may_use("CC-ANY"));
         assert_ne!(api.scope, admin.scope);
+    }
+
+    /// A directory in memory: token hash → client (`None`: revoked), counting its lookups.
+    struct Directory {
+        clients: std::collections::HashMap<String, Option<Client>>,
+        lookups: std::sync::atomic::AtomicUsize,
+        down: bool,
+    }
+
+    impl ClientDirectory for Directory {
+        fn find<'a>(&'a self, token_hash: &'a str) -> ClientLookup<'a> {
+            self.lookups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Box::pin(async move {
+                if self.down {
+                    return Err(ApiError::Unavailable("directory down".into()));
+                }
+                Ok(self.clients.get(token_hash).cloned().flatten())
+            })
+        }
+    }
+
+    const CLIENT: &str = "pgc_00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+    const REVOKED: &str = "pgc_ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";
+
+    fn directory(down: bool) -> Arc<Directory> {
+        let client = Client { name: "loja".into(), accounts: vec!["CC-A".into(), "CC-B".into()] };
+        Arc::new(Directory {
+            clients: [(token_hash(CLIENT), Some(client)), (token_hash(REVOKED), None)].into_iter().collect(),
+            lookups: Default::default(),
+            down,
+        })
+    }
+
+    #[tokio::test]
+    async fn a_clients_token_is_looked_up_by_its_hash_and_binds_the_caller_to_its_accounts() {
+        let directory = directory(false);
+        let tokens =
+            AuthArgs::tokens("api", "adm").resolve("test").expect("tokens").with_clients(directory.clone());
+        let caller = tokens.caller(Some(&format!("Bearer {CLIENT}"))).await.expect("a client's token");
+        assert_eq!(caller.client.as_ref().map(|client| client.name.as_str()), Some("loja"));
+        assert!(!caller.admin && caller.require_admin().is_err(), "a client is no admin");
+        assert!(caller.may_use("CC-A") && caller.may_use("CC-B"));
+        assert!(!caller.may_use("CC-C") && !caller.may_use("cc-a"), "only its own accounts, exactly");
+        assert_eq!(caller.scope, token_hash(CLIENT), "its own Idempotency-Key scope");
+        let api = tokens.caller(Some("Bearer api")).await.expect("api token");
+        assert_ne!(api.scope, caller.scope);
+
+        // revoked (or unknown): refused; a token of another shape costs no lookup
+        let lookups = directory.lookups.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(matches!(
+            tokens.caller(Some(&format!("Bearer {REVOKED}"))).await,
+            Err(ApiError::Unauthorized)
+        ));
+        for garbage in
+            ["nope", "pgc_", &CLIENT.to_uppercase(), &format!("{CLIENT}0"), &CLIENT[..CLIENT.len() - 1]]
+        {
+            assert!(
+                matches!(
+                    tokens.caller(Some(&format!("Bearer {garbage}"))).await,
+                    Err(ApiError::Unauthorized)
+                ),
+                "{garbage}"
+            );
+        }
+        assert_eq!(directory.lookups.load(std::sync::atomic::Ordering::Relaxed), lookups + 1);
+
+        // without a directory, a client's token is just an unknown token
+        let plain = AuthArgs::tokens("api", "adm").resolve("test").expect("tokens");
+        assert!(matches!(plain.caller(Some(&format!("Bearer {CLIENT}"))).await, Err(ApiError::Unauthorized)));
+        // a directory that cannot answer: 503, never a pass
+        let down = plain.with_clients(self::directory(true));
+        assert!(matches!(
+            down.caller(Some(&format!("Bearer {CLIENT}"))).await,
+            Err(ApiError::Unavailable(_))
+        ));
     }
 
     #[test]

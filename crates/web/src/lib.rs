@@ -6,11 +6,14 @@
 //! # Layout
 //! - [`problem`]: [`ApiError`] and [`FieldError`], answered as RFC 9457 problem+json.
 //! - [`body`]: [`JsonBody`], the size- and content-type-checked JSON extractor.
-//! - [`auth`]: [`Tokens`], the `authenticate` middleware, the [`Caller`] it leaves behind.
+//! - [`auth`]: [`Tokens`], the `authenticate` middleware, the [`Caller`] it leaves behind (an
+//!   API [`Client`] bound to its accounts, looked up in a service's [`ClientDirectory`]).
 //! - [`openapi`]: what both OpenAPI documents share: problem responses, the bearer scheme and
 //!   the `/openapi.json` route.
 //! - `observe`: `http_server_request_duration_seconds{method,route,status}` and the request's
 //!   span, continuing an incoming `traceparent`.
+
+#![forbid(unsafe_code)]
 
 pub mod auth;
 pub mod body;
@@ -24,7 +27,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use tracing::Instrument;
 
-pub use auth::{AuthArgs, AuthConfigError, Caller, Tokens};
+pub use auth::{AuthArgs, AuthConfigError, Caller, Client, ClientDirectory, Tokens};
 pub use body::JsonBody;
 pub use problem::{required_text, ApiError, FieldError, Problem};
 

@@ -60,6 +60,10 @@ pub enum ApiError {
     /// 403: a valid token without the right: only the admin token may do this.
     #[error("this operation needs the admin token")]
     Forbidden,
+    /// 403 with a problem type of its own: a valid token without the right to this resource
+    /// (an API client and another's account).
+    #[error("{detail}")]
+    Denied { kind: Kind, detail: String },
     /// 404
     #[error("{0}")]
     NotFound(String),
@@ -120,6 +124,7 @@ impl ApiError {
             Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "/problems/bad-request", "Bad request"),
             Self::Unauthorized => (StatusCode::UNAUTHORIZED, "/problems/unauthorized", "Unauthorized"),
             Self::Forbidden => (StatusCode::FORBIDDEN, "/problems/forbidden", "Forbidden"),
+            Self::Denied { kind, .. } => (StatusCode::FORBIDDEN, kind.uri, kind.title),
             Self::NotFound(_) => (StatusCode::NOT_FOUND, "/problems/not-found", "Not found"),
             Self::Conflict { kind, .. } => (StatusCode::CONFLICT, kind.uri, kind.title),
             Self::PayloadTooLarge(_) => {

@@ -3,7 +3,8 @@
 //!
 //! Money enters the books only here: an opening balance or a deposit is a double entry from the
 //! currency's issuer account. When `PAGAMENTOS_ADMIN_TOKEN` is set, creating accounts and
-//! deposits needs it (`403` with the API token); reads accept either token.
+//! deposits needs it (`403` with the API token); reads accept either token, and an API client's
+//! token (`pagamentos clients`) reads its own accounts only (any other is `404`, as unknown).
 
 pub mod openapi;
 
@@ -20,6 +21,7 @@ use utoipa_axum::routes;
 use uuid::Uuid;
 
 use contracts::{Cents, Currency, EntryKind, Timestamp};
+use telemetry::server::Handoff;
 use web::problem::Kind;
 use web::{ApiError, Caller, FieldError, JsonBody, Problem};
 
@@ -190,6 +192,17 @@ fn path_account(id: String) -> Result<contracts::AccountId, ApiError> {
         .map_err(|invalid| ApiError::Validation(vec![FieldError::new("id", invalid.message)]))
 }
 
+/// An account from the path that `caller` may read: an API client's token reads only its own
+/// accounts, and another's is answered as an unknown account (it learns nothing of it).
+fn readable_account(caller: &Caller, id: String) -> Result<contracts::AccountId, ApiError> {
+    let id = path_account(id)?;
+    if caller.may_use(id.as_str()) {
+        Ok(id)
+    } else {
+        Err(ApiError::NotFound(format!("no account {id}")))
+    }
+}
+
 /// Create an account, optionally with an opening balance.
 ///
 /// Needs the admin token when `PAGAMENTOS_ADMIN_TOKEN` is set.
@@ -285,12 +298,14 @@ fn deposit_error(error: DepositError) -> ApiError {
         (status = 413, description = "Body over 16 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Body is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "depositoId already used with another account or amount, or the balance would overflow", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "`/problems/outcome-unknown`: the request timed out (`PAGAMENTOS_HTTP_REQUEST_TIMEOUT_MS`) while the deposit was being written, so it may or may not have been made; retry with the same depositoId (answered with the original if it was made) or look at the account's entries. Any other 500 is `/problems/internal`", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The database is unreachable; retry after `Retry-After`", body = Problem, content_type = "application/problem+json")
     )
 )]
 pub async fn deposit(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
+    handoff: Handoff,
     Path(account): Path<String>,
     JsonBody(body): JsonBody,
 ) -> Result<Response, ApiError> {
@@ -336,6 +351,9 @@ pub async fn deposit(
     if !errors.is_empty() {
         return Err(ApiError::Validation(errors));
     }
+    // from here a timeout leaves the outcome unknown (dropped while its COMMIT is on the way,
+    // the deposit may be committed): answered outcome-unknown, never "retry later"
+    handoff.mark();
     match store::deposit(&state.pool, deposit_id, &account, amount).await.map_err(deposit_error)? {
         DepositMade::New(deposit) => {
             Ok((StatusCode::CREATED, Json(DepositView::from(deposit))).into_response())
@@ -356,14 +374,15 @@ pub async fn deposit(
         (status = 200, description = "The account", body = AccountView),
         (status = 400, description = "Malformed id", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "A bearer token is required", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "Unknown account", body = Problem, content_type = "application/problem+json")
+        (status = 404, description = "Unknown account, or (an API client's token) not one of its accounts", body = Problem, content_type = "application/problem+json")
     )
 )]
 pub async fn get_account(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<AccountView>, ApiError> {
-    let id = path_account(id)?;
+    let id = readable_account(&caller, id)?;
     let account = store::find_account(&state.pool, &id)
         .await
         .map_err(internal)?
@@ -390,15 +409,16 @@ pub struct EntriesQuery {
         (status = 200, description = "Entries", body = Vec<EntryView>),
         (status = 400, description = "Malformed id or limit", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "A bearer token is required", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "Unknown account", body = Problem, content_type = "application/problem+json")
+        (status = 404, description = "Unknown account, or (an API client's token) not one of its accounts", body = Problem, content_type = "application/problem+json")
     )
 )]
 pub async fn list_entries(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     query: Result<Query<EntriesQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Vec<EntryView>>, ApiError> {
-    let id = path_account(id)?;
+    let id = readable_account(&caller, id)?;
     let Query(query) = query.map_err(|rejection| ApiError::BadRequest(format!("bad query: {rejection}")))?;
     let limit = match query.limit.as_deref() {
         None => ENTRIES_LIMIT_DEFAULT,

@@ -13,7 +13,7 @@ use web::openapi::AccountId;
 
 /// Description of the bearer scheme in this document.
 pub const BEARER: &str =
-    "PAGAMENTOS_API_TOKEN or PAGAMENTOS_ADMIN_TOKEN (required unless the service runs with --insecure-no-auth); creating accounts and deposits needs the admin token";
+    "PAGAMENTOS_API_TOKEN or PAGAMENTOS_ADMIN_TOKEN (required unless the service runs with --insecure-no-auth); creating accounts and deposits needs the admin token. An API client's token (`pagamentos clients`) reads only its own accounts";
 
 #[derive(Debug, utoipa::OpenApi)]
 #[openapi(

@@ -195,6 +195,37 @@ impl System {
         .await;
     }
 
+    /// `pagamentos clients <args>` as both databases' owner (the test's role, which migrated
+    /// them): (exit code, stdout, stderr).
+    pub async fn clients(&self, args: &[&str]) -> (i32, String, String) {
+        let output = Command::new(env!("CARGO_BIN_EXE_pagamentos"))
+            .arg("clients")
+            .args(args)
+            .env("TRANSFERENCIAS_MIGRATION_DATABASE_URL", &self.transfers_db.url)
+            .env("LEDGER_MIGRATION_DATABASE_URL", &self.ledger_db.url)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .output()
+            .await
+            .expect("run pagamentos clients");
+        (
+            output.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    }
+
+    /// A new API client `name` for `accounts` (comma-separated): its bearer token, the only line
+    /// `pagamentos clients create` prints on stdout.
+    pub async fn create_client(&self, name: &str, accounts: &str) -> String {
+        let (code, stdout, stderr) = self.clients(&["create", name, "--accounts", accounts]).await;
+        assert_eq!(code, 0, "clients create {name}: {stdout}{stderr}");
+        let token = stdout.trim().to_owned();
+        assert!(web::auth::is_client_token(&token), "not a token on stdout: {stdout:?} ({stderr})");
+        token
+    }
+
     /// `pagamentos verify` on the system's databases: (exit code, report).
     pub async fn verify(&self) -> (i32, String) {
         let output = Command::new(env!("CARGO_BIN_EXE_pagamentos"))

@@ -14,6 +14,9 @@ pub const OUTCOME_UNKNOWN: Kind = Kind { uri: "/problems/outcome-unknown", title
 pub const KEY_REUSED: Kind =
     Kind { uri: "/problems/idempotency-key-reused", title: "Idempotency-Key reused" };
 
+/// 403: an API client's token debiting an account that is not one of its own.
+pub const FORBIDDEN_ACCOUNT: Kind = Kind { uri: "/problems/forbidden-account", title: "Account not allowed" };
+
 /// How long a client refused for a full writer queue is asked to wait.
 pub const WRITER_BUSY_RETRY_AFTER_S: u32 = 1;
 

@@ -11,7 +11,7 @@ use web::openapi::AccountId;
 
 /// Description of the bearer scheme in this document.
 pub const BEARER: &str =
-    "PAGAMENTOS_API_TOKEN or PAGAMENTOS_ADMIN_TOKEN (required unless the service runs with --insecure-no-auth)";
+    "PAGAMENTOS_API_TOKEN or PAGAMENTOS_ADMIN_TOKEN (required unless the service runs with --insecure-no-auth), or an API client's token (`pagamentos clients`): it debits and reads only its own accounts, its Idempotency-Keys its own";
 
 #[derive(utoipa::OpenApi)]
 #[openapi(

@@ -9,10 +9,12 @@ use uuid::Uuid;
 
 use contracts::{Cents, Timestamp};
 
+use super::error::FORBIDDEN_ACCOUNT;
 use super::openapi::{RejectionName, StatusName, TransferRequestBody};
 use super::AppState;
 use crate::domain::{validate_account_syntax, FieldError, Status, TransferRequest};
 use crate::store::{self, Created, EventTarget, IdempotencyKey, ListFilter, NewTransfer, Transfer};
+use telemetry::server::Handoff;
 use web::openapi::AccountId;
 use web::{ApiError, Caller, JsonBody, Problem};
 
@@ -141,12 +143,13 @@ fn shed_load(state: &AppState) -> Result<(), ApiError> {
                 ("Idempotent-Replayed" = String, description = "`true` when this answers an earlier request with the same key")
             )),
         (status = 400, description = "Invalid request (a missing Idempotency-Key included); `errors` lists each broken rule", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "A bearer token is required", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "A bearer token is required (an API client's revoked token included)", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`/problems/forbidden-account`: an API client's token, and `contaOrigem` is not one of its accounts; nothing was written", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "A request with this Idempotency-Key is in flight", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 16 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Body is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Idempotency-Key already used with another request", body = Problem, content_type = "application/problem+json"),
-        (status = 500, description = "`/problems/outcome-unknown`: the connection to the database broke while the transfer was being committed, so it may or may not exist; retry with the same Idempotency-Key (answered with the transfer if it exists) or look it up. Any other 500 is `/problems/internal`", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "`/problems/outcome-unknown`: the connection to the database broke while the transfer was being committed, or the request timed out (`PAGAMENTOS_HTTP_REQUEST_TIMEOUT_MS`) after it was handed to the writer, so it may or may not exist; retry with the same Idempotency-Key (answered with the transfer if it exists) or look it up. Any other 500 is `/problems/internal`", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The database is unreachable (`/problems/unavailable`), or more transfers than the configured bound wait in the outbox for Kafka (`/problems/overloaded`); retry after `Retry-After` seconds", body = Problem, content_type = "application/problem+json")
     )
 )]
@@ -154,11 +157,19 @@ fn shed_load(state: &AppState) -> Result<(), ApiError> {
 pub async fn create(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
+    handoff: Handoff,
     headers: HeaderMap,
     JsonBody(body): JsonBody,
 ) -> Result<Response, ApiError> {
     let key = idempotency_key(&headers, state.idempotency_key_required)?;
     let request = TransferRequest::parse(&body).map_err(ApiError::Validation)?;
+    // an API client debits its own accounts only; refused before anything is written
+    if !caller.may_use(request.source_account.as_str()) {
+        return Err(ApiError::Denied {
+            kind: FORBIDDEN_ACCOUNT,
+            detail: format!("this token may not debit the account {}", request.source_account),
+        });
+    }
     shed_load(&state)?;
     let key = key.map(|key| IdempotencyKey {
         scope: caller.scope.clone(),
@@ -174,10 +185,12 @@ pub async fn create(
         traceparent: trace.get("traceparent").cloned(),
         tracestate: trace.get("tracestate").cloned(),
     };
-    let (transfer, replayed) = match state.writer.create(NewTransfer { request, key, target }).await? {
-        Created::New(transfer) => (transfer, false),
-        Created::Replayed(transfer) => (transfer, true),
-    };
+    // past the handoff, a timeout is answered outcome-unknown: the writer goes on without us
+    let (transfer, replayed) =
+        match state.writer.create_marking(NewTransfer { request, key, target }, &handoff).await? {
+            Created::New(transfer) => (transfer, false),
+            Created::Replayed(transfer) => (transfer, true),
+        };
     span.record("transfer_id", tracing::field::display(transfer.id));
     if replayed {
         tracing::info!("idempotent replay");
@@ -207,17 +220,24 @@ pub async fn create(
         (status = 200, description = "The transfer", body = TransferView),
         (status = 400, description = "Malformed id", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "A bearer token is required", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "Unknown transfer", body = Problem, content_type = "application/problem+json")
+        (status = 404, description = "Unknown transfer, or (an API client's token) one that touches none of its accounts", body = Problem, content_type = "application/problem+json")
     )
 )]
 pub async fn get(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<TransferView>, ApiError> {
     let id = Uuid::parse_str(&id)
         .map_err(|_| ApiError::BadRequest(format!("{id:?} is not a transfer id (a UUID)")))?;
-    let transfer =
-        store::find(&state.pool, id).await?.ok_or_else(|| ApiError::NotFound(format!("no transfer {id}")))?;
+    let transfer = store::find(&state.pool, id)
+        .await?
+        // another's transfer is answered as an unknown one: an API client learns nothing of it
+        .filter(|transfer| {
+            caller.may_use(transfer.source_account.as_str())
+                || caller.may_use(transfer.destination_account.as_str())
+        })
+        .ok_or_else(|| ApiError::NotFound(format!("no transfer {id}")))?;
     Ok(Json(transfer.into()))
 }
 
@@ -230,13 +250,14 @@ pub struct ListQuery {
     limit: Option<String>,
 }
 
-/// List transfers, newest first.
+/// List transfers, newest first. With an API client's token, only those touching its accounts
+/// (with `conta`: those of `conta` that do).
 #[utoipa::path(
     get,
     path = "/transferencias",
     tag = "transferencias",
     params(
-        ("conta" = Option<AccountId>, Query, description = "Either side of the transfer"),
+        ("conta" = Option<AccountId>, Query, description = "Either side of the transfer (an API client's token lists only transfers touching its own accounts)"),
         ("status" = Option<StatusName>, Query),
         ("limit" = Option<i64>, Query, minimum = 1, maximum = 500, description = "At most this many (default 50)")
     ),
@@ -248,6 +269,7 @@ pub struct ListQuery {
 )]
 pub async fn list(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Vec<TransferView>>, ApiError> {
     let Query(query) = query.map_err(|rejection| ApiError::BadRequest(format!("bad query: {rejection}")))?;
@@ -291,6 +313,12 @@ pub async fn list(
     if !errors.is_empty() {
         return Err(ApiError::Validation(errors));
     }
-    let rows = store::list(&state.pool, &ListFilter { account, status, limit }).await?;
+    let rows = match &caller.client {
+        // every transfer of `conta` touches it: one of the client's own
+        Some(client) if account.as_deref().is_none_or(|account| !client.holds(account)) => {
+            store::list_touching(&state.pool, &client.accounts, account.as_deref(), status, limit).await?
+        }
+        _ => store::list(&state.pool, &ListFilter { account, status, limit }).await?,
+    };
     Ok(Json(rows.into_iter().map(TransferView::from).collect()))
 }

@@ -46,7 +46,6 @@ use rdkafka::message::{Headers, Message, OwnedMessage};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::OffsetCommit;
 use crate::context::{Context, Revocations};
 use crate::dead_letter::{DeadLetterPublisher, Failure};
 use crate::producer::{OutgoingRecord, Producer};
@@ -217,9 +216,6 @@ pub struct LoopOptions {
     /// Publishes the records of [`Verdict::Forward`]; a handler that forwards without one
     /// stops the loop ([`Error::Fatal`]).
     pub forwards: Option<Producer>,
-    /// Who moves the group's offsets: the loop (after the handler succeeded) or the handler's
-    /// Kafka transaction; must match the consumer's configuration.
-    pub offsets: OffsetCommit,
 }
 
 impl Default for LoopOptions {
@@ -231,7 +227,6 @@ impl Default for LoopOptions {
             record_retry: RetryPolicy::default(),
             dead_letters: None,
             forwards: None,
-            offsets: OffsetCommit::StoredAfterHandling,
         }
     }
 }
@@ -250,9 +245,6 @@ pub async fn run<H: Handler>(
         forwards: options.forwards.as_ref(),
     };
     let result = consume(&io, &mut handler, &options, &shutdown).await;
-    if options.offsets == OffsetCommit::InTransaction {
-        return result; // every offset already travelled in a committed transaction
-    }
     // whatever ended the loop, commit the offsets stored so far (all of them handled)
     commit_stored(consumer).await?;
     result
@@ -437,9 +429,7 @@ async fn consume<H: Handler>(
                 }
             }
             if !finished.records.is_empty() {
-                if options.offsets == OffsetCommit::StoredAfterHandling {
-                    io.store(&next_offsets(&finished.records));
-                }
+                io.store(&next_offsets(&finished.records));
                 carried.drop_handled(&finished.records);
             }
             batch = again;
@@ -993,7 +983,7 @@ async fn next_batch(
                 return Ok(Some(released));
             }
             taken = receive_taken(io) => taken?,
-            _ = tokio::time::sleep(IDLE_POSITION_STORE), if options.offsets == OffsetCommit::StoredAfterHandling => {
+            _ = tokio::time::sleep(IDLE_POSITION_STORE) => {
                 store_position(io, held);
                 continue;
             }

@@ -41,7 +41,6 @@ use tokio_util::sync::CancellationToken;
 use contracts::headers::{decode_big_integer, encode_big_integer, encode_int, encode_long, retry};
 use contracts::topics::{dead_letter_topic, retry_topic};
 
-use crate::config::OffsetCommit;
 use crate::consumer::{
     header, Backoff, Forward, ForwardKind, Handler, KafkaConsumer, LoopOptions, Verdict as ConsumerVerdict,
 };
@@ -261,7 +260,6 @@ pub async fn run<A: Attempt>(
         batch_wait_max: options.batch_wait_max,
         backoff: options.forward_backoff,
         forwards: Some(producer),
-        offsets: OffsetCommit::StoredAfterHandling,
         ..LoopOptions::default()
     };
     let handler = StageHandler { attempt, chain, stage, concurrency: options.concurrency.max(1) };

@@ -315,7 +315,6 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
         batch_wait_max: Duration::from_millis(args.ledger_batch_wait_ms),
         record_retry: retry,
         dead_letters: Some(DeadLetterPublisher::new(producer, group)),
-        offsets: OffsetCommit::StoredAfterHandling,
         ..LoopOptions::default()
     };
     supervisor

@@ -18,6 +18,8 @@ use anyhow::Context as _;
 use api_clients::{ClientRow, Revoked};
 use sqlx::PgPool;
 
+use crate::database::{Owner, OwnerDatabases};
+
 use crate::database::{connect, redacted};
 
 #[derive(Debug, clap::Args)]
@@ -73,90 +75,6 @@ enum Action {
         #[command(flatten)]
         connection: Connection,
     },
-}
-
-/// The owners' URLs, as `pagamentos migrate` takes them.
-#[derive(Clone, clap::Args)]
-struct OwnerDatabases {
-    /// PostgreSQL URL of the transfers database as the role that owns its schema [default:
-    /// TRANSFERENCIAS_DATABASE_URL when given, else the stack's owner role `transferencias`].
-    #[arg(long, env = "TRANSFERENCIAS_MIGRATION_DATABASE_URL", hide_env_values = true)]
-    transferencias_migration_database_url: Option<String>,
-
-    /// PostgreSQL URL of the ledger database as the role that owns its schema [default:
-    /// LEDGER_DATABASE_URL when given, else the stack's owner role `ledger`].
-    #[arg(long, env = "LEDGER_MIGRATION_DATABASE_URL", hide_env_values = true)]
-    ledger_migration_database_url: Option<String>,
-
-    /// PostgreSQL URL of the transfers database (used when no migration URL is given; it must
-    /// then be the owner's: the runtime role may not write clients).
-    #[arg(long, env = "TRANSFERENCIAS_DATABASE_URL", hide_env_values = true)]
-    transferencias_database_url: Option<String>,
-
-    /// PostgreSQL URL of the ledger database (used when no migration URL is given; as above).
-    #[arg(long, env = "LEDGER_DATABASE_URL", hide_env_values = true)]
-    ledger_database_url: Option<String>,
-}
-
-impl std::fmt::Debug for OwnerDatabases {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // by hand, so that no URL password is ever printed
-        let redact = |url: &Option<String>| url.as_deref().map(telemetry::redact_url);
-        f.debug_struct("OwnerDatabases")
-            .field(
-                "transferencias_migration_database_url",
-                &redact(&self.transferencias_migration_database_url),
-            )
-            .field("ledger_migration_database_url", &redact(&self.ledger_migration_database_url))
-            .field("transferencias_database_url", &redact(&self.transferencias_database_url))
-            .field("ledger_database_url", &redact(&self.ledger_database_url))
-            .finish()
-    }
-}
-
-/// One database's owner URL and the setting it came from.
-struct Owner {
-    /// `transferencias` or `ledger`.
-    database: &'static str,
-    setting: &'static str,
-    url: String,
-}
-
-impl OwnerDatabases {
-    /// The migration URL, else the service's, else the stack's owner (on localhost).
-    fn owners(&self) -> [Owner; 2] {
-        let pick = |database,
-                    migration: &Option<String>,
-                    migration_setting,
-                    service: &Option<String>,
-                    service_setting,
-                    stack: &str| {
-            let (setting, url) = match (migration, service) {
-                (Some(url), _) => (migration_setting, url.clone()),
-                (None, Some(url)) => (service_setting, url.clone()),
-                (None, None) => (migration_setting, stack.to_owned()),
-            };
-            Owner { database, setting, url }
-        };
-        [
-            pick(
-                "transferencias",
-                &self.transferencias_migration_database_url,
-                "TRANSFERENCIAS_MIGRATION_DATABASE_URL",
-                &self.transferencias_database_url,
-                "TRANSFERENCIAS_DATABASE_URL",
-                transfers::DEFAULT_MIGRATION_DATABASE_URL,
-            ),
-            pick(
-                "ledger",
-                &self.ledger_migration_database_url,
-                "LEDGER_MIGRATION_DATABASE_URL",
-                &self.ledger_database_url,
-                "LEDGER_DATABASE_URL",
-                ledger::DEFAULT_MIGRATION_DATABASE_URL,
-            ),
-        ]
-    }
 }
 
 /// What an error of `owner`'s database means for the operator.

@@ -9,28 +9,12 @@ use std::process::ExitCode;
 use ::database::schema::Prepared;
 use anyhow::Context as _;
 
-use crate::database::{connect, redacted};
+use crate::database::{connect, redacted, Owner, OwnerDatabases};
 
 #[derive(clap::Args)]
 pub struct MigrateArgs {
-    /// PostgreSQL URL of the transfers database as the role that owns its schema [default:
-    /// TRANSFERENCIAS_DATABASE_URL when given, else the stack's owner role `transferencias`].
-    #[arg(long, env = "TRANSFERENCIAS_MIGRATION_DATABASE_URL", hide_env_values = true)]
-    transferencias_migration_database_url: Option<String>,
-
-    /// PostgreSQL URL of the ledger database as the role that owns its schema [default:
-    /// LEDGER_DATABASE_URL when given, else the stack's owner role `ledger`]. The ledger's
-    /// runtime role (LEDGER_DATABASE_URL) may not change the schema.
-    #[arg(long, env = "LEDGER_MIGRATION_DATABASE_URL", hide_env_values = true)]
-    ledger_migration_database_url: Option<String>,
-
-    /// PostgreSQL URL of the transfers database (used when no migration URL is given).
-    #[arg(long, env = "TRANSFERENCIAS_DATABASE_URL", hide_env_values = true)]
-    transferencias_database_url: Option<String>,
-
-    /// PostgreSQL URL of the ledger database (used when no migration URL is given).
-    #[arg(long, env = "LEDGER_DATABASE_URL", hide_env_values = true)]
-    ledger_database_url: Option<String>,
+    #[command(flatten)]
+    owners: OwnerDatabases,
 
     /// Migrate only this database (default: both).
     #[arg(long, value_enum)]
@@ -42,60 +26,12 @@ pub struct MigrateArgs {
 
 impl std::fmt::Debug for MigrateArgs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // by hand, so that no URL password is ever printed
-        let redact = |url: &Option<String>| url.as_deref().map(telemetry::redact_url);
+        // the owners' URLs redacted by their own Debug
         f.debug_struct("MigrateArgs")
-            .field(
-                "transferencias_migration_database_url",
-                &redact(&self.transferencias_migration_database_url),
-            )
-            .field("ledger_migration_database_url", &redact(&self.ledger_migration_database_url))
-            .field("transferencias_database_url", &redact(&self.transferencias_database_url))
-            .field("ledger_database_url", &redact(&self.ledger_database_url))
+            .field("owners", &self.owners)
             .field("only", &self.only)
             .field("transport", &self.transport)
             .finish()
-    }
-}
-
-impl MigrateArgs {
-    /// The owner's URL of each database: the migration URL, else the service's, else the stack's.
-    fn owner_urls(&self) -> [(Database, String); 2] {
-        let pick = |migration: &Option<String>, service: &Option<String>, stack: &str| {
-            migration.clone().or_else(|| service.clone()).unwrap_or_else(|| stack.to_owned())
-        };
-        [
-            (
-                Database::Transfers,
-                pick(
-                    &self.transferencias_migration_database_url,
-                    &self.transferencias_database_url,
-                    transfers::DEFAULT_MIGRATION_DATABASE_URL,
-                ),
-            ),
-            (
-                Database::Ledger,
-                pick(
-                    &self.ledger_migration_database_url,
-                    &self.ledger_database_url,
-                    ledger::DEFAULT_MIGRATION_DATABASE_URL,
-                ),
-            ),
-        ]
-    }
-}
-
-impl MigrateArgs {
-    /// The setting the owner's URL of `database` comes from (the stack's default is on
-    /// localhost, so it never needs naming).
-    fn owner_setting(&self, database: Database) -> &'static str {
-        match (database, &self.transferencias_migration_database_url, &self.ledger_migration_database_url) {
-            (Database::Transfers, Some(_), _) | (Database::Ledger, _, Some(_)) => {
-                database.migration_variable()
-            }
-            (Database::Transfers, None, _) => "TRANSFERENCIAS_DATABASE_URL",
-            (Database::Ledger, _, None) => "LEDGER_DATABASE_URL",
-        }
     }
 }
 
@@ -123,17 +59,15 @@ impl Database {
 }
 
 pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
-    let owners = args.owner_urls();
-    let databases: Vec<(&'static str, &str)> = owners
-        .iter()
+    let owners: Vec<(Database, Owner)> = [Database::Transfers, Database::Ledger]
+        .into_iter()
+        .zip(args.owners.owners())
         .filter(|(database, _)| args.only.is_none_or(|only| only == *database))
-        .map(|(database, url)| (args.owner_setting(*database), url.as_str()))
         .collect();
+    let databases: Vec<(&'static str, &str)> =
+        owners.iter().map(|(_, owner)| (owner.setting, owner.url.as_str())).collect();
     crate::transport::check("migrate", &args.transport, None, &databases)?;
-    for (database, url) in args.owner_urls() {
-        if args.only.is_some_and(|only| only != database) {
-            continue;
-        }
+    for (database, Owner { url, .. }) in owners {
         let migrator = database.migrator();
         let pool = connect(&url, 1).await?;
         let prepared = ::database::schema::migrate_or_check(&pool, migrator).await.with_context(|| {

@@ -182,6 +182,18 @@ fn when(at: Option<sqlx::types::time::OffsetDateTime>) -> String {
     at.map_or_else(|| "-".to_owned(), |at| contracts::Timestamp::from(at).to_string())
 }
 
+/// One line of `clients list`: the client as one database has it, and what the ledger says.
+fn row(out: &mut String, client: &ClientRow, ledger_says: &str) {
+    let _ = writeln!(
+        out,
+        "{:<24} {:<40} {:<28} {:<28} {ledger_says}",
+        client.name,
+        client.accounts.join(","),
+        when(Some(client.created_at)),
+        when(client.revoked_at),
+    );
+}
+
 async fn list(databases: &Databases<'_>) -> anyhow::Result<ExitCode> {
     let ((transfers, transfers_pool), (ledger, ledger_pool)) = (databases.transfers, databases.ledger);
     let clients = api_clients::list(transfers_pool).await.map_err(|error| in_database(transfers, error))?;
@@ -200,24 +212,10 @@ async fn list(databases: &Databases<'_>) -> anyhow::Result<ExitCode> {
             Some(_) => "DIFFERS",
             None => "MISSING",
         };
-        let _ = writeln!(
-            out,
-            "{:<24} {:<40} {:<28} {:<28} {ledger_says}",
-            client.name,
-            client.accounts.join(","),
-            when(Some(client.created_at)),
-            when(client.revoked_at),
-        );
+        row(&mut out, client, ledger_says);
     }
     for orphan in in_ledger.iter().filter(|row| !clients.iter().any(|client| client.name == row.name)) {
-        let _ = writeln!(
-            out,
-            "{:<24} {:<40} {:<28} {:<28} ONLY in the ledger",
-            orphan.name,
-            orphan.accounts.join(","),
-            when(Some(orphan.created_at)),
-            when(orphan.revoked_at),
-        );
+        row(&mut out, orphan, "ONLY in the ledger");
     }
     print!("{out}");
     Ok(ExitCode::SUCCESS)

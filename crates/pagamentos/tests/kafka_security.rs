@@ -191,22 +191,16 @@ async fn each_service_as_its_own_user_and_a_forged_analysis_moves_no_money() {
 /// `pagamentos dlt ARGS` as Kafka `user` on the secure broker's topics behind `prefix`:
 /// (exit code, stdout, stderr).
 async fn dlt_command(user: &str, prefix: &str, args: &[&str]) -> (i32, String, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_pagamentos"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_pagamentos"));
+    command
         .arg("dlt")
         .args(args)
         .env("KAFKA_BOOTSTRAP_SERVERS", secure::bootstrap_servers())
         .env("PAGAMENTOS_TOPIC_PREFIX", prefix)
         .envs(secure::security(user).to_env())
         // the log an operator gets by default (`info`)
-        .env_remove("RUST_LOG")
-        .output()
-        .await
-        .expect("run pagamentos dlt");
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+        .env_remove("RUST_LOG");
+    common::system::captured(&mut command, "pagamentos dlt").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

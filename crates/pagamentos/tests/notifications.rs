@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use kafka::producer::{OutgoingRecord, Producer};
@@ -45,18 +44,7 @@ fn producer(topics: &TestTopics) -> Producer {
 
 /// `pagamentos dlt <args>`: (exit code, stdout, stderr).
 async fn dlt(topics: &TestTopics, args: &[&str]) -> (i32, String, String) {
-    let output = common::service(topics, "dlt")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .await
-        .expect("run pagamentos dlt");
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    common::system::captured(common::service(topics, "dlt").args(args), "pagamentos dlt").await
 }
 
 async fn kill(child: &mut Child) {

@@ -9,7 +9,6 @@ mod common;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 
 use kafka::producer::{OutgoingRecord, Producer};
@@ -70,18 +69,7 @@ async fn kill(child: &mut Child) {
 
 /// `pagamentos dlt <args>`: (exit code, stdout, stderr).
 async fn dlt(topics: &TestTopics, args: &[&str]) -> (i32, String, String) {
-    let output = common::service(topics, "dlt")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .await
-        .expect("run pagamentos dlt");
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    common::system::captured(common::service(topics, "dlt").args(args), "pagamentos dlt").await
 }
 
 /// The event ids of every dead letter in the settled topic's `-dlt`, with repeats.

@@ -198,22 +198,14 @@ impl System {
     /// `pagamentos clients <args>` as both databases' owner (the test's role, which migrated
     /// them): (exit code, stdout, stderr).
     pub async fn clients(&self, args: &[&str]) -> (i32, String, String) {
-        let output = Command::new(env!("CARGO_BIN_EXE_pagamentos"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_pagamentos"));
+        command
             .arg("clients")
             .args(args)
             .env("TRANSFERENCIAS_MIGRATION_DATABASE_URL", &self.transfers_db.url)
             .env("LEDGER_MIGRATION_DATABASE_URL", &self.ledger_db.url)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .output()
-            .await
-            .expect("run pagamentos clients");
-        (
-            output.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&output.stdout).into_owned(),
-            String::from_utf8_lossy(&output.stderr).into_owned(),
-        )
+            .env("RUST_LOG", "warn");
+        captured(&mut command, "pagamentos clients").await
     }
 
     /// A new API client `name` for `accounts` (comma-separated): its bearer token, the only line
@@ -272,4 +264,20 @@ impl Drop for System {
             self.topics.args.bootstrap_servers
         );
     }
+}
+
+/// Runs `command` to its end: (exit code, -1 when killed by a signal; stdout; stderr). Panics,
+/// naming `what`, only if it cannot be started.
+pub async fn captured(command: &mut Command, what: &str) -> (i32, String, String) {
+    let output = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .unwrap_or_else(|error| panic!("run {what}: {error}"));
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
 }

@@ -363,6 +363,18 @@ impl Profile {
             Self::Reference => Duration::from_millis(5),
         }
     }
+
+    /// `linger.ms` of antifraude's transactional producer on confluent-kafka (issue #45): none
+    /// in `fast`. The Java client's accumulator holds a batch for the whole linger before its
+    /// sender takes it, where librdkafka's transactional sends took as long with 1 ms as with
+    /// none: at 200/s the produce step's p50 was 2.9 ms with 1 ms and 0.66 ms with none
+    /// (librdkafka 1.8 ms either way; `client_bench`, docs/architecture.md "Kafka clients").
+    pub fn confluent_transaction_linger(&self) -> Duration {
+        match self {
+            Self::Fast => Duration::ZERO,
+            Self::Reference => Duration::from_millis(5),
+        }
+    }
 }
 
 /// `group.protocol`.

@@ -61,6 +61,13 @@ pub enum Error {
     /// [`crate::consumer::Handler::is_fatal`]): the loop stopped.
     #[error("the handler failed fatally")]
     Fatal(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A call of Confluent's Rust client (`confluent-kafka`, under evaluation, issue #45) failed.
+    #[error("Kafka {operation} failed (confluent-kafka)")]
+    Confluent {
+        operation: &'static str,
+        #[source]
+        source: confluent_kafka::common::Error,
+    },
     /// A blocking librdkafka call running off the runtime panicked or was cancelled.
     #[error("blocking Kafka call did not complete")]
     Blocking(#[from] tokio::task::JoinError),

@@ -183,7 +183,7 @@ impl Client for LibrdkafkaClient {
         Ok(())
     }
 
-    fn assignment(&self) -> Result<Vec<Partition>, Error> {
+    fn assignment(&mut self) -> Result<Vec<Partition>, Error> {
         let assigned = self
             .consumer
             .assignment()

@@ -416,7 +416,7 @@ impl Client for Fake {
         Ok(())
     }
 
-    fn assignment(&self) -> Result<Vec<Partition>, Error> {
+    fn assignment(&mut self) -> Result<Vec<Partition>, Error> {
         Ok(self.lock().assigned.iter().cloned().collect())
     }
 

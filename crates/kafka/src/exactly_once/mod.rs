@@ -27,8 +27,10 @@
 //! being discarded and read again.
 //!
 //! The loop reaches Kafka through [`Client`], a seam over the consumer and the transactional
-//! producer: [`client::LibrdkafkaClient`] in production, an in-memory broker in the unit tests
-//! (`tests`), which run the loop deterministically on tokio's paused clock through commit
+//! producer: [`client::LibrdkafkaClient`] in production, [`confluent::ConfluentClient`]
+//! (Confluent's `confluent-kafka`, transactions v2; under evaluation, issue #45) when
+//! antifraude is started with `ANTIFRAUDE_KAFKA_CLIENT=confluent`, an in-memory broker in the
+//! unit tests (`tests`), which run the loop deterministically on tokio's paused clock through commit
 //! failures, ambiguous commits, fenced producers, rebalances mid-batch and fetchers that skip.
 
 use std::collections::BTreeMap;
@@ -43,12 +45,14 @@ use crate::producer::OutgoingRecord;
 use crate::Error;
 
 pub mod client;
+pub mod confluent;
 #[cfg(test)]
 mod fake;
 #[cfg(test)]
 mod tests;
 
 pub use client::LibrdkafkaClient;
+pub use confluent::{ConfluentClient, ConfluentConfig};
 
 /// A topic partition.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -129,7 +133,7 @@ pub trait Client: Send {
     fn renew(&mut self) -> impl Future<Output = Result<(), Error>> + Send;
 
     /// The partitions assigned now.
-    fn assignment(&self) -> Result<Vec<Partition>, Error>;
+    fn assignment(&mut self) -> Result<Vec<Partition>, Error>;
 
     /// The group's committed offsets, from the coordinator, waiting for offsets of
     /// transactions still open (`require_stable`); `None` where nothing is committed.

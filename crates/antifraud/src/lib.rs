@@ -74,6 +74,32 @@ pub struct AntifraudArgs {
     /// only what was already fetched; records arriving during a commit form the next batch).
     #[arg(id = "antifraude_batch_wait_ms", value_name = "BATCH_WAIT_MS", long = "batch-wait-ms", env = "ANTIFRAUDE_BATCH_WAIT_MS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000))]
     pub batch_wait_ms: u64,
+
+    /// The Kafka client of the transactional loop: `librdkafka` (rdkafka; transactions v1) or
+    /// `confluent` (Confluent's pure-Rust `confluent-kafka`; transactions v2 where the broker
+    /// offers them; KIP-848 groups and a plaintext broker only). Under evaluation (issue #45,
+    /// docs/architecture.md "Kafka clients"); without the lag gauges with `confluent`.
+    #[arg(id = "antifraude_kafka_client", value_name = "CLIENT", long = "kafka-client", env = "ANTIFRAUDE_KAFKA_CLIENT", value_enum, default_value_t = TransactionalClient::Librdkafka)]
+    pub kafka_client: TransactionalClient,
+}
+
+/// The Kafka client under the transactional loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TransactionalClient {
+    Librdkafka,
+    Confluent,
+}
+
+impl TransactionalClient {
+    /// The client `ANTIFRAUDE_KAFKA_CLIENT` names (librdkafka when unset), for callers that
+    /// build [`AntifraudArgs`] without clap (tests, examples). Panics on an unknown name.
+    pub fn from_env() -> Self {
+        use clap::ValueEnum as _;
+        std::env::var("ANTIFRAUDE_KAFKA_CLIENT").map_or(Self::Librdkafka, |name| {
+            Self::from_str(&name, true)
+                .unwrap_or_else(|_| panic!("ANTIFRAUDE_KAFKA_CLIENT={name}: not librdkafka or confluent"))
+        })
+    }
 }
 
 /// Everything a running antifraud service needs.
@@ -113,14 +139,40 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
     let transactional_id = format!("{}{instance}", args.transactional_id_prefix);
     let group = kafka.group(topics::groups::ANTIFRAUD);
     let input = kafka.topic(topics::REQUESTED);
-    let consumer = kafka::consumer::subscribe(
-        &consumer_config(&kafka, "antifraude", &group, OffsetCommit::InTransaction),
-        &[&input],
-    )?;
-    let client = kafka::exactly_once::LibrdkafkaClient::new(
-        consumer.clone(),
-        transactional_producer_config(&kafka, "antifraude", &transactional_id, profile.transaction_linger()),
-    );
+    let client = match args.kafka_client {
+        TransactionalClient::Librdkafka => {
+            let consumer = kafka::consumer::subscribe(
+                &consumer_config(&kafka, "antifraude", &group, OffsetCommit::InTransaction),
+                &[&input],
+            )?;
+            let client = kafka::exactly_once::LibrdkafkaClient::new(
+                consumer.clone(),
+                transactional_producer_config(
+                    &kafka,
+                    "antifraude",
+                    &transactional_id,
+                    profile.transaction_linger(),
+                ),
+            );
+            supervisor.spawn(
+                "antifraude/lag-gauges",
+                kafka::lag::report(consumer, group.clone(), shutdown.clone()),
+            );
+            Loop::Librdkafka(client)
+        }
+        TransactionalClient::Confluent => {
+            let config = kafka::exactly_once::ConfluentConfig::new(
+                &kafka,
+                "antifraude",
+                &group,
+                &transactional_id,
+                profile.confluent_transaction_linger(),
+            )?;
+            Loop::Confluent(Box::new(
+                kafka::exactly_once::ConfluentClient::subscribe(&config, &[&input]).await?,
+            ))
+        }
+    };
     let analyser = analysis::Analyser::new(
         analysis::Topics { analysed: kafka.topic(topics::ANALYSED), rejected: kafka.topic(topics::REJECTED) },
         scoring::Scorer { block_threshold_cents: args.block_threshold_cents },
@@ -132,7 +184,7 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
         batch_wait_max: Duration::from_millis(args.batch_wait_ms),
         ..kafka::exactly_once::Options::default()
     };
-    tracing::info!(transactional_id, group, "antifraude starting");
+    tracing::info!(transactional_id, group, client = ?args.kafka_client, "antifraude starting");
 
     let probe = Producer::shared_or_own(producer, &kafka, "antifraude-health", profile.linger())?;
     let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> =
@@ -148,7 +200,6 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
             .await
             .map_err(|source| Error::Bind { address: args.listen.to_string(), source })?;
     supervisor.spawn("antifraude/http", serve);
-    supervisor.spawn("antifraude/lag-gauges", kafka::lag::report(consumer.clone(), group, shutdown.clone()));
     supervisor.spawn(
         "antifraude/dlt-gauges",
         kafka_admin::dlt::report_retained(
@@ -159,10 +210,25 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
         ),
     );
     supervisor.spawn_fallible("antifraude/analysis", async move {
-        let mut client = client;
-        kafka::exactly_once::run(&mut client, &analyser, &options, &shutdown).await
+        match client {
+            Loop::Librdkafka(mut client) => {
+                kafka::exactly_once::run(&mut client, &analyser, &options, &shutdown).await
+            }
+            Loop::Confluent(mut client) => {
+                let ran = kafka::exactly_once::run(client.as_mut(), &analyser, &options, &shutdown).await;
+                client.close().await;
+                ran
+            }
+        }
     });
     Ok(bound)
+}
+
+/// The loop's client, by [`TransactionalClient`].
+enum Loop {
+    Librdkafka(kafka::exactly_once::LibrdkafkaClient),
+    // boxed: its consumer is 1.7 KiB inline, librdkafka's a few pointers
+    Confluent(Box<kafka::exactly_once::ConfluentClient>),
 }
 
 /// What can stop the service from starting.

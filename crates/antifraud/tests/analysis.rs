@@ -40,6 +40,8 @@ async fn start(topics: &TestTopics, instance: &str) -> Running {
             instance_id: Some(instance.into()),
             batch_records: 500,
             batch_wait_ms: 5,
+            // scripts/test runs this file once per client
+            kafka_client: antifraud::TransactionalClient::from_env(),
         },
         // no admin token: /readyz answers its status line only (its detail is not under test here)
         auth: telemetry::health::HealthAuthArgs::default(),
@@ -220,4 +222,45 @@ async fn a_redelivered_request_yields_the_same_event_id() {
     second.as_object_mut().expect("object").remove("analisadaEm");
     assert_eq!(first, second);
     running.stop().await;
+}
+
+/// Antifraude's outputs are keyed by the source account and placed by the producer's
+/// partitioner: it must be Java's (murmur2), so the ledger's Java twin and every Spring reader
+/// see an account's events on one partition. librdkafka's `murmur2_random` is checked against
+/// kafka-clients itself by `spring_headers`; each client's outputs must land where it puts them.
+#[tokio::test]
+async fn outputs_land_on_the_partition_javas_partitioner_gives_their_key() {
+    testkit::init_logs();
+    let topics = TestTopics::plan(12).await;
+    let running = start(&topics, "a").await;
+    let keys: Vec<String> = (0..24).map(|n| format!("CC-{n:03}")).collect();
+    for key in &keys {
+        let request = testkit::transfer_requested(Uuid::new_v4(), key, Cents::new(1_000));
+        publish(&topics, key, request.to_string().into_bytes()).await;
+    }
+    let outputs = receive(&reader(&topics, &[topics::ANALYSED]), keys.len()).await;
+    running.stop().await;
+
+    // the same keys through the tests' producer (librdkafka, murmur2_random) to a topic with as
+    // many partitions
+    let probe_topic = topics.topic(topics::REJECTED);
+    let producer = Producer::new(&producer_config(&topics.args, "test", Duration::ZERO)).expect("producer");
+    let mut java: HashMap<String, i32> = HashMap::new();
+    for key in &keys {
+        let delivered =
+            producer.send(&OutgoingRecord::new(&probe_topic, key.as_str(), "probe")).await.expect("probe");
+        java.insert(key.clone(), delivered.partition);
+    }
+    let spread: std::collections::HashSet<i32> = java.values().copied().collect();
+    assert!(spread.len() > 4, "24 keys over 12 partitions should spread: {java:?}");
+    for output in &outputs {
+        let key = String::from_utf8(output.key().expect("keyed").to_vec()).expect("utf-8 key");
+        assert_eq!(
+            Some(&output.partition()),
+            java.get(&key),
+            "{key}: antifraude's output is on partition {}, Java's partitioner puts it on {:?}",
+            output.partition(),
+            java.get(&key)
+        );
+    }
 }

@@ -29,6 +29,7 @@ async fn a_broker_restart_mid_stream_loses_and_doubles_nothing() {
             instance_id: Some("restart".into()),
             batch_records: 50,
             batch_wait_ms: 5,
+            kafka_client: antifraud::TransactionalClient::from_env(),
         },
         // no admin token: /readyz answers its status line only (its detail is not under test here)
         auth: telemetry::health::HealthAuthArgs::default(),

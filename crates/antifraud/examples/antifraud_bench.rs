@@ -15,6 +15,8 @@
 //!
 //! Each profile gets fresh topics. Prints one JSON line per profile.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use kafka::config::{consumer_config, producer_config, OffsetCommit};
@@ -24,10 +26,11 @@ use kafka::Profile;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use uuid::Uuid;
 
 use contracts::topics;
 use testkit::{unique, TestTopics};
+
+use common::request;
 
 const RATE_PER_SECOND: u64 = 200;
 
@@ -41,16 +44,6 @@ async fn main() {
     let steady_seconds: u64 = args.next().map_or(10, |text| text.parse().expect("steady_seconds: a number"));
     println!("{}", run(Profile::Fast, backlog_fast, steady_seconds).await);
     println!("{}", run(Profile::Reference, backlog_reference, steady_seconds).await);
-}
-
-fn request(n: usize) -> (String, String) {
-    let key = format!("CC-{:03}", n % 1000);
-    let event = json!({
-        "eventoId": Uuid::new_v4(), "transferenciaId": Uuid::new_v4(), "contaOrigem": key,
-        "contaDestino": "CC-999", "valorEmCentavos": 100 + n, "moeda": "BRL",
-        "criadaEm": "2026-12-03T10:00:00Z"
-    });
-    (key, event.to_string())
 }
 
 fn percentile(sorted: &[i64], q: f64) -> i64 {
@@ -78,6 +71,7 @@ async fn run(profile: Profile, backlog: usize, steady_seconds: u64) -> serde_jso
             instance_id: Some("bench".into()),
             batch_records: 500,
             batch_wait_ms: 0,
+            kafka_client: antifraud::TransactionalClient::from_env(),
         },
         // no admin token: /readyz answers its status line only
         auth: telemetry::health::HealthAuthArgs::default(),

@@ -234,9 +234,14 @@ async fn outputs_land_on_the_partition_javas_partitioner_gives_their_key() {
     let topics = TestTopics::plan(12).await;
     let running = start(&topics, "a").await;
     let keys: Vec<String> = (0..24).map(|n| format!("CC-{n:03}")).collect();
+    let producer = Producer::new(&producer_config(&topics.args, "test", Duration::ZERO)).expect("producer");
+    let input = topics.topic(topics::REQUESTED);
     for key in &keys {
         let request = testkit::transfer_requested(Uuid::new_v4(), key, Cents::new(1_000));
-        publish(&topics, key, request.to_string().into_bytes()).await;
+        producer
+            .send(&OutgoingRecord::new(&input, key.as_str(), request.to_string()))
+            .await
+            .expect("publish");
     }
     let outputs = receive(&reader(&topics, &[topics::ANALYSED]), keys.len()).await;
     running.stop().await;
@@ -244,7 +249,6 @@ async fn outputs_land_on_the_partition_javas_partitioner_gives_their_key() {
     // the same keys through the tests' producer (librdkafka, murmur2_random) to a topic with as
     // many partitions
     let probe_topic = topics.topic(topics::REJECTED);
-    let producer = Producer::new(&producer_config(&topics.args, "test", Duration::ZERO)).expect("producer");
     let mut java: HashMap<String, i32> = HashMap::new();
     for key in &keys {
         let delivered =

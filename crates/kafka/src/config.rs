@@ -433,14 +433,27 @@ const _: () = assert!(SOCKET_TIMEOUT.as_millis() < TRANSACTION_TIMEOUT.as_millis
 /// answer from the stale node is ignored once a newer leader epoch is known).
 pub const METADATA_REFRESH_INTERVAL: Duration = Duration::from_millis(5_000);
 
+/// `socket.connection.setup.timeout.ms`: a connection to a dead broker fails quickly enough to
+/// report it.
+pub const CONNECTION_SETUP_TIMEOUT: Duration = Duration::from_millis(10_000);
+
+/// `reconnect.backoff.max.ms`: the longest pause between attempts to reach a broker.
+pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_millis(2_000);
+
+/// `retry.backoff.ms` of a transactional producer: after a commit the coordinator answers the
+/// next transaction's first request with CONCURRENT_TRANSACTIONS until its markers are written
+/// (a few ms); the default 100 ms backoff put 10-50 ms on most transactions
+/// (docs/architecture.md).
+pub const TRANSACTION_RETRY_BACKOFF: Duration = Duration::from_millis(2);
+
 fn base(args: &KafkaArgs, client_id: &str) -> ClientConfig {
     let mut config = ClientConfig::new();
     config
         .set("bootstrap.servers", &args.bootstrap_servers)
         .set("client.id", client_id)
         // fail a metadata/produce request to a dead broker quickly enough to report it
-        .set("socket.connection.setup.timeout.ms", "10000")
-        .set("reconnect.backoff.max.ms", "2000")
+        .set("socket.connection.setup.timeout.ms", CONNECTION_SETUP_TIMEOUT.as_millis().to_string())
+        .set("reconnect.backoff.max.ms", RECONNECT_BACKOFF_MAX.as_millis().to_string())
         // a silent broker costs seconds, not a minute (the constants say why). A timed-out
         // request is retried: a produce request by the idempotent producer with the same
         // sequence numbers; a fetch or an offset commit as the next one (auto-commit commits
@@ -492,11 +505,9 @@ pub fn transactional_producer_config(
         // librdkafka refuses a delivery timeout longer than the transaction timeout (a record
         // must be delivered or failed before its transaction can time out)
         .set("delivery.timeout.ms", TRANSACTION_TIMEOUT.as_millis().to_string())
-        // after a commit the coordinator answers the next transaction's first request with
-        // CONCURRENT_TRANSACTIONS until its markers are written (a few ms); the default 100 ms
-        // backoff put 10-50 ms on most transactions (docs/architecture.md). It applies to
-        // AddOffsetsToTxn; librdkafka retries AddPartitionsToTxn after a fixed 20 ms
-        .set("retry.backoff.ms", "2");
+        // librdkafka applies it to AddOffsetsToTxn; it retries AddPartitionsToTxn after a
+        // fixed 20 ms
+        .set("retry.backoff.ms", TRANSACTION_RETRY_BACKOFF.as_millis().to_string());
     config
 }
 

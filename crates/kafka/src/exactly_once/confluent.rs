@@ -27,7 +27,10 @@ use confluent_kafka::producer::{KafkaProducer, Producer as _, ProducerConfig, Pr
 use rdkafka::message::{Header, OwnedHeaders, OwnedMessage, Timestamp};
 
 use super::{Client, Partition, Recovery, TxnError};
-use crate::config::{GroupProtocol, KafkaArgs, SecurityProtocol, SOCKET_TIMEOUT, TRANSACTION_TIMEOUT};
+use crate::config::{
+    GroupProtocol, KafkaArgs, SecurityProtocol, CONNECTION_SETUP_TIMEOUT, METADATA_REFRESH_INTERVAL,
+    RECONNECT_BACKOFF_MAX, SOCKET_TIMEOUT, TRANSACTION_RETRY_BACKOFF, TRANSACTION_TIMEOUT,
+};
 use crate::producer::OutgoingRecord;
 use crate::Error;
 
@@ -70,12 +73,12 @@ impl ConfluentConfig {
             };
             set("bootstrap.servers", args.bootstrap_servers.clone());
             set("client.id", client_id.to_owned());
-            set("socket.connection.setup.timeout.ms", "10000".into());
-            set("reconnect.backoff.max.ms", "2000".into());
+            set("socket.connection.setup.timeout.ms", CONNECTION_SETUP_TIMEOUT.as_millis().to_string());
+            set("reconnect.backoff.max.ms", RECONNECT_BACKOFF_MAX.as_millis().to_string());
             // librdkafka's socket.timeout.ms and topic.metadata.refresh.interval.ms (config.rs
             // says why)
             set("request.timeout.ms", SOCKET_TIMEOUT.as_millis().to_string());
-            set("metadata.max.age.ms", crate::config::METADATA_REFRESH_INTERVAL.as_millis().to_string());
+            set("metadata.max.age.ms", METADATA_REFRESH_INTERVAL.as_millis().to_string());
         };
         let mut consumer = HashMap::new();
         common(&mut consumer);
@@ -101,9 +104,7 @@ impl ConfluentConfig {
             // the client's default is librdkafka's CRC-32; Java's murmur2 puts a key on the
             // partition every other producer of the contract puts it on
             ("partitioner.type", ProducerConfig::MURMUR2_RANDOM_PARTITIONER.to_owned()),
-            // librdkafka's retry.backoff.ms=2 (config.rs): CONCURRENT_TRANSACTIONS right after
-            // a commit is retried soon
-            ("retry.backoff.ms", "2".to_owned()),
+            ("retry.backoff.ms", TRANSACTION_RETRY_BACKOFF.as_millis().to_string()),
         ] {
             producer.insert(key.to_owned(), value);
         }
@@ -124,7 +125,7 @@ impl Rebalances {
             return;
         }
         let mut taken = self.taken.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        taken.extend(partitions.iter().map(|tp| Partition::new(tp.topic(), tp.partition())));
+        taken.extend(partitions.iter().map(partition_of));
         self.tick.fetch_add(1, Ordering::SeqCst);
     }
 }

@@ -31,10 +31,10 @@ pub const MALFORMED_EVENT: &str = "antifraud::analysis::MalformedEvent";
 /// A record that is not a valid `TransferenciaSolicitada`.
 #[derive(Debug, thiserror::Error)]
 pub enum MalformedEvent {
+    /// Not the event's JSON, or a field that breaks its rule (a `valorEmCentavos` that is not
+    /// at least 1 is refused by [`contracts::Amount`] here).
     #[error("not a valid TransferenciaSolicitada")]
     Json(#[source] serde_json::Error),
-    #[error("not a valid TransferenciaSolicitada: valorEmCentavos must be greater than 0, got {0}")]
-    Amount(i64),
 }
 
 impl MalformedEvent {
@@ -43,7 +43,6 @@ impl MalformedEvent {
     pub fn cause_fqcn(&self) -> &'static str {
         match self {
             Self::Json(_) => std::any::type_name::<serde_json::Error>(),
-            Self::Amount(_) => std::any::type_name::<Self>(),
         }
     }
 }
@@ -137,12 +136,7 @@ impl Analyser {
 }
 
 fn decode(input: &OwnedMessage) -> Result<TransferRequested, MalformedEvent> {
-    let event: TransferRequested =
-        serde_json::from_slice(input.payload().unwrap_or_default()).map_err(MalformedEvent::Json)?;
-    if !event.amount_cents.is_positive() {
-        return Err(MalformedEvent::Amount(event.amount_cents.get()));
-    }
-    Ok(event)
+    serde_json::from_slice(input.payload().unwrap_or_default()).map_err(MalformedEvent::Json)
 }
 
 impl Transform for Analyser {
@@ -175,6 +169,11 @@ mod tests {
     #[test]
     fn the_dead_letter_exception_names_a_type_that_exists() {
         assert_eq!(MALFORMED_EVENT, std::any::type_name::<MalformedEvent>());
-        assert_eq!(MalformedEvent::Amount(0).cause_fqcn(), MALFORMED_EVENT);
+        let zero = br#"{"eventoId":"00000000-0000-0000-0000-000000000001","transferenciaId":"00000000-0000-0000-0000-000000000002","contaOrigem":"CC-1","contaDestino":"CC-2","valorEmCentavos":0,"moeda":"BRL","criadaEm":"2026-12-03T10:15:30Z"}"#;
+        let refused = serde_json::from_slice::<TransferRequested>(zero).expect_err("a zero amount");
+        let malformed = MalformedEvent::Json(refused);
+        assert_eq!(malformed.cause_fqcn(), std::any::type_name::<serde_json::Error>());
+        let message = format!("{}: {}", malformed, std::error::Error::source(&malformed).expect("cause"));
+        assert!(message.contains("greater than 0 cents, got 0"), "{message}");
     }
 }

@@ -43,8 +43,8 @@ pub struct AntifraudArgs {
     pub listen: SocketAddr,
 
     /// Transfers of this many cents or more score at least 80 and are blocked.
-    #[arg(id = "antifraude_block_threshold_cents", value_name = "BLOCK_THRESHOLD_CENTS", long = "block-threshold-cents", env = "ANTIFRAUDE_BLOQUEIO_CENTAVOS", default_value_t = scoring::DEFAULT_BLOCK_THRESHOLD_CENTS, value_parser = contracts::Cents::parse_amount)]
-    pub block_threshold_cents: contracts::Cents,
+    #[arg(id = "antifraude_block_threshold_cents", value_name = "BLOCK_THRESHOLD_CENTS", long = "block-threshold-cents", env = "ANTIFRAUDE_BLOQUEIO_CENTAVOS", default_value_t = scoring::DEFAULT_BLOCK_THRESHOLD_CENTS, value_parser = contracts::Amount::parse)]
+    pub block_threshold_cents: contracts::Amount,
 
     /// Prefix of the stable `transactional.id`; the instance id follows it.
     #[arg(
@@ -262,7 +262,7 @@ mod tests {
     fn a_block_threshold_below_one_cent_is_refused_with_the_rule() {
         let parsed =
             Command::try_parse_from(["antifraude", "--block-threshold-cents", "2500"]).expect("valid");
-        assert_eq!(parsed.args.block_threshold_cents, contracts::Cents::new(2_500));
+        assert_eq!(parsed.args.block_threshold_cents, contracts::Amount::constant(2_500));
         for bad in ["0", "-5"] {
             let error = Command::try_parse_from(["antifraude", &format!("--block-threshold-cents={bad}")])
                 .expect_err("refused")

@@ -10,18 +10,18 @@
 //! Below the threshold the score is at most 65, so only the threshold blocks (score ≥ 80 →
 //! `BLOQUEADA_ANTIFRAUDE`); at or above it the score is at least 90.
 
-use contracts::{Cents, TransferRequested};
+use contracts::{Amount, TransferRequested};
 
 /// Scores of 80 or more are blocked.
 pub const BLOCK_SCORE: u8 = 80;
 /// `ANTIFRAUDE_BLOQUEIO_CENTAVOS`'s default: R$ 100 000.
-pub const DEFAULT_BLOCK_THRESHOLD_CENTS: Cents = Cents::new(10_000_000);
+pub const DEFAULT_BLOCK_THRESHOLD_CENTS: Amount = Amount::constant(10_000_000);
 const ROUND_AMOUNT_CENTS: i64 = 100_000;
 
 /// The scoring rules with their one setting.
 #[derive(Debug, Clone, Copy)]
 pub struct Scorer {
-    pub block_threshold_cents: Cents,
+    pub block_threshold_cents: Amount,
 }
 
 impl Default for Scorer {
@@ -44,7 +44,7 @@ impl Scorer {
         } else {
             45
         };
-        let round: u8 = if amount > 0 && amount % ROUND_AMOUNT_CENTS == 0 { 20 } else { 0 };
+        let round: u8 = if amount % ROUND_AMOUNT_CENTS == 0 { 20 } else { 0 };
         band.saturating_add(round).min(100)
     }
 
@@ -65,7 +65,7 @@ mod tests {
             transfer_id: Uuid::nil(),
             source_account: contracts::AccountId::parse("CC-001").expect("account"),
             destination_account: contracts::AccountId::parse("CC-002").expect("account"),
-            amount_cents: contracts::Cents::new(amount_cents),
+            amount_cents: Amount::new(amount_cents).expect("a positive amount"),
             currency: contracts::Currency::parse("BRL").expect("currency"),
             created_at: contracts::Timestamp::parse("2026-12-03T10:00:00Z").expect("timestamp"),
         }
@@ -87,7 +87,7 @@ mod tests {
 
     #[test]
     fn the_threshold_is_configurable() {
-        let scorer = Scorer { block_threshold_cents: Cents::new(5_000) };
+        let scorer = Scorer { block_threshold_cents: Amount::constant(5_000) };
         assert!(scorer.blocks(scorer.score(&transfer(5_000))));
         assert!(!scorer.blocks(scorer.score(&transfer(4_999))));
     }

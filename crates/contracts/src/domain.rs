@@ -1,8 +1,10 @@
 //! The domain's values (`CONTRACT.md` §2 and §4), so that wrong money and wrong names are
 //! refused where they enter instead of travelling as bare integers and strings.
 //!
-//! - [`Cents`]: an amount of money; checked arithmetic only (an overflow is an answer, never a
-//!   wrap), and [`Cents::amount`] refuses what a transfer or deposit may not move (≤ 0).
+//! - [`Cents`]: a balance or a sum of money; checked arithmetic only (an overflow is an answer,
+//!   never a wrap). Made only by [`Cents::new`], by name: no bare integer turns into money.
+//! - [`Amount`]: what a transfer or a deposit moves, at least 1 cent; it refuses zero and
+//!   negatives wherever it is made, deserialised included, so an event cannot carry one.
 //! - [`AccountId`], [`Currency`]: the field rules both APIs apply, and the issuers' accounts
 //!   (`EMISSOR-<MOEDA>`) the ledger reserves.
 //! - [`EntryKind`]: `D`/`C` of a `lancamento`.
@@ -39,15 +41,6 @@ impl Cents {
     /// A balance or a sum: any value.
     pub const fn new(cents: i64) -> Self {
         Self(cents)
-    }
-
-    /// An amount to move (a transfer's, a deposit's): at least 1 cent.
-    pub fn amount(cents: i64) -> Result<Self, NotPositive> {
-        if cents > 0 {
-            Ok(Self(cents))
-        } else {
-            Err(NotPositive(cents))
-        }
     }
 
     pub const fn get(self) -> i64 {
@@ -91,20 +84,9 @@ impl Cents {
         Ok(Self(value))
     }
 
-    /// An amount to move written as text: at least 1 cent.
-    pub fn parse_amount(text: &str) -> Result<Cents, InvalidCents> {
-        Self::parse_at_least(text, Cents(1))
-    }
-
     /// A balance written as text that may not be negative (an opening balance).
     pub fn parse_balance(text: &str) -> Result<Cents, InvalidCents> {
         Self::parse_at_least(text, Cents::ZERO)
-    }
-}
-
-impl From<i64> for Cents {
-    fn from(cents: i64) -> Self {
-        Self(cents)
     }
 }
 
@@ -115,6 +97,75 @@ impl From<Cents> for i64 {
 }
 
 impl fmt::Display for Cents {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// An amount to move (a transfer's, a deposit's, an entry's): at least 1 cent.
+///
+/// Serialises as the plain integer; deserialising refuses 0 and negatives with
+/// [`NotPositive`]'s message, so a `valorEmCentavos` of 0 fails to read like a missing field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "i64", into = "i64")]
+pub struct Amount(Cents);
+
+impl Amount {
+    /// The smallest amount, 1 cent.
+    pub const ONE_CENT: Amount = Amount::constant(1);
+
+    pub const fn new(cents: i64) -> Result<Self, NotPositive> {
+        if cents > 0 {
+            Ok(Self(Cents(cents)))
+        } else {
+            Err(NotPositive(cents))
+        }
+    }
+
+    /// `cents` as an amount where the value is a constant: fails to compile when not positive.
+    pub const fn constant(cents: i64) -> Self {
+        match Self::new(cents) {
+            Ok(amount) => amount,
+            Err(_) => panic!("an amount must be greater than 0 cents"),
+        }
+    }
+
+    /// An amount written as text (a command-line argument): at least 1 cent.
+    pub fn parse(text: &str) -> Result<Amount, InvalidCents> {
+        Cents::parse_at_least(text, Cents(1)).map(Self)
+    }
+
+    /// The same value as cents, for arithmetic with balances.
+    pub const fn cents(self) -> Cents {
+        self.0
+    }
+
+    pub const fn get(self) -> i64 {
+        self.0 .0
+    }
+}
+
+impl TryFrom<i64> for Amount {
+    type Error = NotPositive;
+
+    fn try_from(cents: i64) -> Result<Self, NotPositive> {
+        Self::new(cents)
+    }
+}
+
+impl From<Amount> for i64 {
+    fn from(amount: Amount) -> Self {
+        amount.get()
+    }
+}
+
+impl From<Amount> for Cents {
+    fn from(amount: Amount) -> Self {
+        amount.0
+    }
+}
+
+impl fmt::Display for Amount {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.fmt(f)
     }
@@ -451,17 +502,17 @@ mod tests {
 
     #[test]
     fn cents_settings_are_read_with_their_floor() {
-        assert_eq!(Cents::parse_amount("10000000"), Ok(Cents::new(10_000_000)));
-        assert_eq!(Cents::parse_amount("0"), Err(InvalidCents::BelowMinimum { value: 0, min: 1 }));
-        assert_eq!(Cents::parse_amount("-5"), Err(InvalidCents::BelowMinimum { value: -5, min: 1 }));
+        assert_eq!(Amount::parse("10000000").map(Amount::get), Ok(10_000_000));
+        assert_eq!(Amount::parse("0"), Err(InvalidCents::BelowMinimum { value: 0, min: 1 }));
+        assert_eq!(Amount::parse("-5"), Err(InvalidCents::BelowMinimum { value: -5, min: 1 }));
         assert_eq!(Cents::parse_balance("0"), Ok(Cents::ZERO));
         assert_eq!(
             Cents::parse_balance("-1").map_err(|error| error.to_string()),
             Err("must be at least 0, got -1".to_owned())
         );
-        assert_eq!(Cents::parse_amount("1.5"), Err(InvalidCents::NotANumber("1.5".into())));
+        assert_eq!(Amount::parse("1.5"), Err(InvalidCents::NotANumber("1.5".into())));
         assert_eq!(
-            Cents::parse_amount("9223372036854775808"),
+            Amount::parse("9223372036854775808"),
             Err(InvalidCents::NotANumber("9223372036854775808".into()))
         );
     }
@@ -477,9 +528,25 @@ mod tests {
 
     #[test]
     fn an_amount_is_at_least_one_cent() {
-        assert_eq!(Cents::amount(1).map(Cents::get), Ok(1));
-        assert_eq!(Cents::amount(0), Err(NotPositive(0)));
-        assert_eq!(Cents::amount(-5), Err(NotPositive(-5)));
+        assert_eq!(Amount::new(1).map(Amount::get), Ok(1));
+        assert_eq!(Amount::new(1), Ok(Amount::ONE_CENT));
+        assert_eq!(Amount::new(0), Err(NotPositive(0)));
+        assert_eq!(Amount::new(-5), Err(NotPositive(-5)));
+        assert_eq!(Amount::new(i64::MIN), Err(NotPositive(i64::MIN)));
+        assert_eq!(Amount::new(i64::MAX).map(Amount::cents), Ok(Cents::MAX));
+    }
+
+    #[test]
+    fn an_amount_refuses_zero_and_negatives_when_deserialised() {
+        assert_eq!(serde_json::from_str::<Amount>("30000").map(Amount::get).expect("read"), 30_000);
+        assert_eq!(serde_json::to_string(&Amount::ONE_CENT).expect("json"), "1");
+        for refused in ["0", "-1", "-9223372036854775808"] {
+            let error = serde_json::from_str::<Amount>(refused).expect_err(refused).to_string();
+            assert!(error.contains("greater than 0 cents"), "{refused}: {error}");
+        }
+        for malformed in ["1.5", "\"100\"", "null", "9223372036854775808"] {
+            assert!(serde_json::from_str::<Amount>(malformed).is_err(), "{malformed}");
+        }
     }
 
     #[test]

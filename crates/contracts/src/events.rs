@@ -20,7 +20,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::{AccountId, Cents, Currency, Timestamp};
+use crate::{AccountId, Amount, Currency, Timestamp};
 
 /// `TransferenciaSolicitada`: a transfer was accepted by the API (published by the outbox).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -35,7 +35,7 @@ pub struct TransferRequested {
     #[serde(rename = "contaDestino")]
     pub destination_account: AccountId,
     #[serde(rename = "valorEmCentavos")]
-    pub amount_cents: Cents,
+    pub amount_cents: Amount,
     #[serde(rename = "moeda")]
     pub currency: Currency,
     /// Equals `transferencia.criada_em` of the row the event was written with.
@@ -55,7 +55,7 @@ pub struct TransferAnalysed {
     #[serde(rename = "contaDestino")]
     pub destination_account: AccountId,
     #[serde(rename = "valorEmCentavos")]
-    pub amount_cents: Cents,
+    pub amount_cents: Amount,
     #[serde(rename = "moeda")]
     pub currency: Currency,
     /// Risk score, 0–100.
@@ -96,7 +96,7 @@ pub struct TransferSettled {
 /// require any of it: a Java producer from the article sends none.
 ///
 /// Each field is read leniently: one that is present but malformed (an account id or a `moeda`
-/// breaking its rule, a `valorEmCentavos` that is not an integer) is read as absent, with a
+/// breaking its rule, a `valorEmCentavos` that is not a positive integer) is read as absent, with a
 /// warning naming the field and the rule broken, and the rest of the event is read as usual. A
 /// settled or rejected transfer must not stay `PENDENTE` because of an extra it does not need.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -121,7 +121,7 @@ pub struct OutcomeDetails {
         skip_serializing_if = "Option::is_none",
         deserialize_with = "lenient::amount_cents"
     )]
-    pub amount_cents: Option<Cents>,
+    pub amount_cents: Option<Amount>,
     #[serde(
         rename = "moeda",
         default,
@@ -136,7 +136,7 @@ pub struct OutcomeDetails {
 mod lenient {
     use serde::{de::DeserializeOwned, Deserialize, Deserializer};
 
-    use crate::{AccountId, Cents, Currency};
+    use crate::{AccountId, Amount, Currency};
 
     /// The log message of a malformed optional field (`docs/operations.md` quotes it).
     pub const MALFORMED_DETAIL: &str = "malformed optional field of an outcome event read as absent";
@@ -171,7 +171,7 @@ mod lenient {
         read(deserializer, "contaDestino")
     }
 
-    pub fn amount_cents<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Cents>, D::Error> {
+    pub fn amount_cents<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Amount>, D::Error> {
         read(deserializer, "valorEmCentavos")
     }
 
@@ -327,6 +327,10 @@ mod tests {
         Currency::parse("BRL").expect("an active currency")
     }
 
+    fn amount(cents: i64) -> Amount {
+        Amount::new(cents).expect("a positive amount")
+    }
+
     fn at() -> Timestamp {
         Timestamp::parse("2026-12-03T10:15:30.123456Z").expect("valid")
     }
@@ -338,7 +342,7 @@ mod tests {
             transfer_id: id(2),
             source_account: account("CC-001"),
             destination_account: account("CC-002"),
-            amount_cents: Cents::new(30_000),
+            amount_cents: amount(30_000),
             currency: brl(),
             created_at: at(),
         };
@@ -366,7 +370,7 @@ mod tests {
             transfer_id: id(2),
             source_account: account("CC-001"),
             destination_account: account("CC-002"),
-            amount_cents: Cents::new(30_000),
+            amount_cents: amount(30_000),
             currency: brl(),
             score: 10,
             analysed_at: at(),
@@ -410,7 +414,7 @@ mod tests {
             details: OutcomeDetails {
                 source_account: Some(account("CC-001")),
                 destination_account: Some(account("CC-002")),
-                amount_cents: Some(Cents::new(500)),
+                amount_cents: Some(amount(500)),
                 currency: Some(brl()),
             },
         };
@@ -488,6 +492,17 @@ mod tests {
         assert!(broken("contaDestino", json!("C".repeat(33))).contains("must be 1 to 32 characters"));
         assert!(broken("moeda", json!("XYZ")).contains("not an active ISO 4217"));
         assert!(broken("moeda", json!("brl")).contains("not an active ISO 4217"));
+        assert!(broken("valorEmCentavos", json!(0)).contains("greater than 0 cents, got 0"));
+        assert!(broken("valorEmCentavos", json!(-100)).contains("greater than 0 cents, got -100"));
+        let analysed = |value: Value| {
+            let mut event = requested.clone();
+            event["valorEmCentavos"] = value;
+            event["score"] = json!(10);
+            event["analisadaEm"] = json!("2026-12-03T10:15:30Z");
+            serde_json::from_value::<TransferAnalysed>(event)
+        };
+        assert!(analysed(json!(1)).is_ok());
+        assert!(analysed(json!(0)).expect_err("zero").to_string().contains("greater than 0 cents"));
         // an issuer account is well-formed: the ledger's rules reject it, not the wire
         let issuer: TransferRequested = serde_json::from_value({
             let mut event = requested.clone();
@@ -510,7 +525,7 @@ mod tests {
         let kept = OutcomeDetails {
             source_account: None,
             destination_account: Some(account("CC-002")),
-            amount_cents: Some(Cents::new(500)),
+            amount_cents: Some(amount(500)),
             currency: None,
         };
         let settled = malformed(json!({
@@ -539,12 +554,14 @@ mod tests {
         assert_eq!((event.transfer_id, event.reason), (id(2), RejectionReason::InsufficientFunds));
         assert_eq!(event.details, kept);
 
-        // an amount of the wrong type and an explicit null are absent too
-        let mut odd: Value = serde_json::from_slice(&settled).expect("json");
-        odd["valorEmCentavos"] = json!("500");
-        odd["contaDestino"] = Value::Null;
-        let event: TransferSettled = serde_json::from_value(odd).expect("read");
-        assert_eq!(event.details, OutcomeDetails::default());
+        // an amount of the wrong type, one that is not positive and an explicit null are absent too
+        for refused in [json!("500"), json!(0), json!(-500)] {
+            let mut odd: Value = serde_json::from_slice(&settled).expect("json");
+            odd["valorEmCentavos"] = refused;
+            odd["contaDestino"] = Value::Null;
+            let event: TransferSettled = serde_json::from_value(odd).expect("read");
+            assert_eq!(event.details, OutcomeDetails::default());
+        }
 
         // what the outcome needs is still required
         let mut missing: Value = serde_json::from_slice(&settled).expect("json");

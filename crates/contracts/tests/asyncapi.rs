@@ -72,7 +72,7 @@ fn details(full: bool) -> OutcomeDetails {
     OutcomeDetails {
         source_account: Some(account("CC-1")),
         destination_account: Some(account("CC-2")),
-        amount_cents: Some(contracts::Cents::new(1)),
+        amount_cents: Some(contracts::Amount::ONE_CENT),
         currency: Some(brl()),
     }
 }
@@ -86,7 +86,7 @@ fn every_event_field_is_described_and_required_as_the_article_sends_it() {
         transfer_id: id,
         source_account: account("CC-1"),
         destination_account: account("CC-2"),
-        amount_cents: contracts::Cents::new(1),
+        amount_cents: contracts::Amount::ONE_CENT,
         currency: brl(),
         created_at: at(),
     };
@@ -95,7 +95,7 @@ fn every_event_field_is_described_and_required_as_the_article_sends_it() {
         transfer_id: id,
         source_account: account("CC-1"),
         destination_account: account("CC-2"),
-        amount_cents: contracts::Cents::new(1),
+        amount_cents: contracts::Amount::ONE_CENT,
         currency: brl(),
         score: 10,
         analysed_at: at(),

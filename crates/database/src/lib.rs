@@ -29,6 +29,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod columns;
 pub mod failure;
 pub mod health;
 pub mod schema;

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use contracts::{AccountId, Cents, Currency, RejectionReason};
+use contracts::{AccountId, Amount, Cents, Currency, RejectionReason};
 use uuid::Uuid;
 
 /// What the ledger decided for a transfer; pinned once stored (the domain type, here for the
@@ -27,7 +27,8 @@ pub struct Transfer {
     pub transfer_id: Uuid,
     pub source: AccountId,
     pub destination: AccountId,
-    pub amount_cents: Cents,
+    /// At least 1 cent, by its type: a zero or negative amount never reaches the rules.
+    pub amount_cents: Amount,
     pub currency: Currency,
 }
 
@@ -45,35 +46,75 @@ pub struct Overflow {
 /// In this order: an account missing (or an issuer account on either side) →
 /// `CONTA_INEXISTENTE`; an account in another currency → `MOEDA_INCOMPATIVEL`; the source
 /// balance below the amount → `SALDO_INSUFICIENTE`; otherwise settled.
+///
+/// Asserted (a failure is a bug or corrupt books, never a customer's mistake): the accounts it
+/// reads are well-formed (an issuer flag only on `EMISSOR-…`, no customer balance below 0, the
+/// table's `CHECK`); a settlement leaves the source at 0 or more, the destination exactly the
+/// amount richer and the two balances' sum unchanged; a refusal changes nothing.
 pub fn decide(transfer: &Transfer, accounts: &mut HashMap<AccountId, Account>) -> Result<Outcome, Overflow> {
-    let customer = |id: &AccountId| accounts.get(id).filter(|account| !account.issuer);
-    let (Some(source), Some(destination)) = (customer(&transfer.source), customer(&transfer.destination))
-    else {
-        return Ok(Outcome::Rejected(RejectionReason::AccountNotFound));
+    let (source_before, destination_before) = match refusal(transfer, accounts) {
+        Err(reason) => return Ok(Outcome::Rejected(reason)),
+        Ok(balances) => balances,
     };
-    if source.currency != transfer.currency || destination.currency != transfer.currency {
-        return Ok(Outcome::Rejected(RejectionReason::CurrencyMismatch));
-    }
-    if source.balance_cents < transfer.amount_cents {
-        return Ok(Outcome::Rejected(RejectionReason::InsufficientFunds));
-    }
+    let same_account = transfer.source == transfer.destination;
+    let amount = transfer.amount_cents.cents();
     let overflow =
         |account: &AccountId| Overflow { transfer_id: transfer.transfer_id, account: account.clone() };
-    let debited =
-        source.balance_cents.checked_sub(transfer.amount_cents).ok_or_else(|| overflow(&transfer.source))?;
+    let debited = source_before.checked_sub(amount).ok_or_else(|| overflow(&transfer.source))?;
     // the same account on both sides (the settler refuses such records; the rule stays sound)
-    let destination_before =
-        if transfer.source == transfer.destination { debited } else { destination.balance_cents };
-    let credited = destination_before
-        .checked_add(transfer.amount_cents)
+    let credited = if same_account { debited } else { destination_before }
+        .checked_add(amount)
         .ok_or_else(|| overflow(&transfer.destination))?;
-    if let Some(source) = accounts.get_mut(&transfer.source) {
-        source.balance_cents = debited;
+
+    assert!(debited >= Cents::ZERO, "{} overdrawn by {}: {debited}", transfer.source, transfer.transfer_id);
+    if same_account {
+        assert_eq!(credited, source_before, "a transfer to the same account changed its balance");
+    } else {
+        assert_eq!(
+            credited.checked_sub(destination_before),
+            Some(amount),
+            "credit of {}",
+            transfer.transfer_id
+        );
+        let sum = |a: Cents, b: Cents| i128::from(a.get()) + i128::from(b.get());
+        assert_eq!(sum(debited, credited), sum(source_before, destination_before), "money made or lost");
     }
-    if let Some(destination) = accounts.get_mut(&transfer.destination) {
-        destination.balance_cents = credited;
-    }
+    account_mut(accounts, &transfer.source).balance_cents = debited;
+    account_mut(accounts, &transfer.destination).balance_cents = credited;
     Ok(Outcome::Settled)
+}
+
+/// The first rule `transfer` breaks, or the balances of its source and destination.
+fn refusal(
+    transfer: &Transfer,
+    accounts: &HashMap<AccountId, Account>,
+) -> Result<(Cents, Cents), RejectionReason> {
+    let customer = |id: &AccountId| {
+        let account = accounts.get(id)?;
+        assert_eq!(account.issuer, id.is_issuer(), "account {id}'s issuer flag is {}", account.issuer);
+        assert!(
+            account.issuer || account.balance_cents >= Cents::ZERO,
+            "customer account {id} holds {}",
+            account.balance_cents
+        );
+        (!account.issuer).then_some(account)
+    };
+    let (Some(source), Some(destination)) = (customer(&transfer.source), customer(&transfer.destination))
+    else {
+        return Err(RejectionReason::AccountNotFound);
+    };
+    if source.currency != transfer.currency || destination.currency != transfer.currency {
+        return Err(RejectionReason::CurrencyMismatch);
+    }
+    if source.balance_cents < transfer.amount_cents.cents() {
+        return Err(RejectionReason::InsufficientFunds);
+    }
+    Ok((source.balance_cents, destination.balance_cents))
+}
+
+/// An account [`refusal`] found: present by then.
+fn account_mut<'a>(accounts: &'a mut HashMap<AccountId, Account>, id: &AccountId) -> &'a mut Account {
+    accounts.get_mut(id).unwrap_or_else(|| panic!("account {id} was read a moment ago and is gone"))
 }
 
 #[cfg(test)]
@@ -105,7 +146,7 @@ mod tests {
             transfer_id: Uuid::nil(),
             source: id(source),
             destination: id(destination),
-            amount_cents: Cents::amount(amount_cents).expect("a test amount is positive"),
+            amount_cents: Amount::new(amount_cents).expect("a test amount is positive"),
             currency: currency("BRL"),
         }
     }
@@ -153,6 +194,22 @@ mod tests {
         let error = decide(&transfer("A", "MAX", 1), &mut accounts).expect_err("overflow");
         assert_eq!(error.account, "MAX");
         assert_eq!(accounts["A"].balance_cents, Cents::new(1_000), "nothing moved");
+    }
+
+    #[test]
+    #[should_panic(expected = "customer account B holds -1")]
+    fn a_customer_account_below_zero_is_a_bug_not_a_rejection() {
+        let mut accounts = accounts();
+        accounts.get_mut("B").expect("B").balance_cents = Cents::new(-1);
+        let _ = decide(&transfer("A", "B", 1), &mut accounts);
+    }
+
+    #[test]
+    #[should_panic(expected = "issuer flag")]
+    fn an_issuer_flag_on_a_customer_account_is_a_bug() {
+        let mut accounts = accounts();
+        accounts.get_mut("A").expect("A").issuer = true;
+        let _ = decide(&transfer("A", "B", 1), &mut accounts);
     }
 
     #[test]

@@ -30,7 +30,7 @@ use kafka::dead_letter::Failure;
 use kafka::rdkafka::message::{Message, OwnedMessage};
 use sqlx::PgPool;
 
-use contracts::{AccountId, Cents, TransferAnalysed};
+use contracts::{AccountId, TransferAnalysed};
 
 use crate::error::{FailureKind, StoreError};
 use crate::settlement::{Outcome, Transfer};
@@ -61,8 +61,6 @@ pub struct Unprocessable(#[source] pub StoreError);
 pub enum MalformedEvent {
     #[error("not a valid TransferenciaAnalisada")]
     Json(#[source] serde_json::Error),
-    #[error("not a valid TransferenciaAnalisada: valorEmCentavos must be greater than 0, got {0}")]
-    Amount(i64),
     #[error("not a valid TransferenciaAnalisada: contaOrigem and contaDestino are both {:?}", .0.as_str())]
     SameAccount(AccountId),
 }
@@ -165,7 +163,7 @@ impl MalformedEvent {
     pub fn cause_fqcn(&self) -> &'static str {
         match self {
             Self::Json(_) => std::any::type_name::<serde_json::Error>(),
-            Self::Amount(_) | Self::SameAccount(_) => std::any::type_name::<Self>(),
+            Self::SameAccount(_) => std::any::type_name::<Self>(),
         }
     }
 }
@@ -174,8 +172,7 @@ impl MalformedEvent {
 pub fn decode(record: &OwnedMessage) -> Result<Request, MalformedEvent> {
     let event: TransferAnalysed =
         serde_json::from_slice(record.payload().unwrap_or_default()).map_err(MalformedEvent::Json)?;
-    let amount_cents =
-        Cents::amount(event.amount_cents.get()).map_err(|refused| MalformedEvent::Amount(refused.0))?;
+    let amount_cents = event.amount_cents;
     if event.source_account == event.destination_account {
         return Err(MalformedEvent::SameAccount(event.source_account));
     }
@@ -275,7 +272,8 @@ mod tests {
         assert_eq!(MALFORMED_EVENT, type_name::<MalformedEvent>());
         assert_eq!(RETRIES_EXHAUSTED, type_name::<RetriesExhausted>());
         assert_eq!(UNPROCESSABLE, type_name::<Unprocessable>());
-        assert_eq!(MalformedEvent::Amount(0).cause_fqcn(), MALFORMED_EVENT, "no underlying cause: itself");
+        let same = MalformedEvent::SameAccount(AccountId::parse("CC-1").expect("an id"));
+        assert_eq!(same.cause_fqcn(), MALFORMED_EVENT, "no underlying cause: itself");
         let json = serde_json::from_str::<TransferAnalysed>("{").expect_err("not JSON");
         assert_eq!(MalformedEvent::Json(json).cause_fqcn(), type_name::<serde_json::Error>());
     }

@@ -23,7 +23,7 @@ use sqlx::{PgConnection, PgPool};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use contracts::{AccountId, Cents, Currency, EntryKind};
+use contracts::{AccountId, Amount, Cents, Currency, EntryKind};
 
 use crate::error::StoreError;
 use crate::settlement::Account;
@@ -56,7 +56,7 @@ struct LockedAccount {
     /// (which reads as the database being unavailable and would stop the settler).
     #[sqlx(rename = "moeda")]
     currency: String,
-    #[sqlx(rename = "saldo_centavos", try_from = "i64")]
+    #[sqlx(rename = "saldo_centavos", try_from = "database::columns::CentsColumn")]
     balance_cents: Cents,
     #[sqlx(rename = "emissor")]
     issuer: bool,
@@ -87,12 +87,11 @@ struct Entries {
     transfer_ids: Vec<Uuid>,
     accounts: Vec<AccountId>,
     kinds: Vec<EntryKind>,
-    amounts: Vec<Cents>,
+    amounts: Vec<Amount>,
 }
 
 impl Entries {
-    fn push(&mut self, transfer_id: Uuid, account: &AccountId, kind: EntryKind, amount_cents: Cents) {
-        assert!(amount_cents.is_positive(), "an entry of {amount_cents} cents");
+    fn push(&mut self, transfer_id: Uuid, account: &AccountId, kind: EntryKind, amount_cents: Amount) {
         self.transfer_ids.push(transfer_id);
         self.accounts.push(account.clone());
         self.kinds.push(kind);
@@ -156,7 +155,7 @@ mod tests {
     fn entries_balance_per_transfer_not_only_in_total() {
         let (one, two) = (Uuid::new_v4(), Uuid::new_v4());
         let mut entries = Entries::default();
-        let cents = Cents::new;
+        let cents = |value| Amount::new(value).expect("positive");
         entries.push(one, &account("A"), EntryKind::Debit, cents(100));
         entries.push(one, &account("B"), EntryKind::Credit, cents(100));
         assert!(entries.balanced());
@@ -172,14 +171,8 @@ mod tests {
     #[should_panic(expected = "entry columns of unequal length")]
     fn entry_columns_of_unequal_length_are_a_bug() {
         let mut entries = Entries::default();
-        entries.push(Uuid::new_v4(), &account("A"), EntryKind::Debit, Cents::new(1));
+        entries.push(Uuid::new_v4(), &account("A"), EntryKind::Debit, Amount::ONE_CENT);
         entries.kinds.push(EntryKind::Credit);
         entries.rows();
-    }
-
-    #[test]
-    #[should_panic(expected = "an entry of 0 cents")]
-    fn an_entry_of_nothing_is_a_bug() {
-        Entries::default().push(Uuid::new_v4(), &account("A"), EntryKind::Debit, Cents::ZERO);
     }
 }

@@ -5,7 +5,7 @@
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use contracts::{AccountId, Cents, Currency};
+use contracts::{AccountId, Amount, Cents, Currency};
 
 use crate::settlement::Transfer;
 use crate::store::{self, AccountRow, OutcomeTopics, Request, Settlement};
@@ -39,7 +39,7 @@ pub fn transfer(
         transfer_id,
         source: account(source),
         destination: account(destination),
-        amount_cents: Cents::amount(amount_cents).unwrap_or_else(|refused| panic!("{refused}")),
+        amount_cents: Amount::new(amount_cents).unwrap_or_else(|refused| panic!("{refused}")),
         currency: currency(currency_code),
     }
 }

@@ -33,6 +33,10 @@ fn account_id(index: usize) -> AccountId {
     AccountId::parse(id).expect("a well-formed account id")
 }
 
+fn amount(cents: i64) -> contracts::Amount {
+    contracts::Amount::new(cents).expect("the strategies draw positive amounts")
+}
+
 fn transfer_id(index: usize) -> Uuid {
     Uuid::from_u128(0x7000 + index as u128)
 }
@@ -219,7 +223,7 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
             }
             Step::Deposit { id, account, cents } => {
                 let (id, account) = (deposit_id(id), account_id(account));
-                let result = match store::deposit(pool, id, &account, contracts::Cents::new(cents)).await {
+                let result = match store::deposit(pool, id, &account, amount(cents)).await {
                     Ok(DepositMade::New(_)) => DepositResult::New,
                     Ok(DepositMade::Replayed(_)) => DepositResult::Replayed,
                     Err(DepositError::NoAccount(_)) => DepositResult::NoAccount,
@@ -241,7 +245,7 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                         transfer_id: transfer_id(step.id),
                         source: account_id(step.source),
                         destination: account_id(step.destination),
-                        amount_cents: contracts::Cents::new(step.cents),
+                        amount_cents: amount(step.cents),
                         currency: contracts::Currency::parse(CURRENCIES[step.currency]).expect("currency"),
                     })
                     .collect();

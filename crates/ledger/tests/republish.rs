@@ -132,7 +132,7 @@ async fn an_undecided_transfer_is_not_the_ledgers_and_disagreeing_entries_are_re
     let event = derived_event_id(SETTLED_PREFIX, settled.transfer_id);
     mark_published(pool, event).await;
     // transferencias says 301 where the ledger moved 300: neither version is sent
-    let claimed = Transfer { amount_cents: contracts::Cents::new(301), ..settled.clone() };
+    let claimed = Transfer { amount_cents: contracts::Amount::constant(301), ..settled.clone() };
     let error = outcome(pool, &claimed, &topics(), false).await.expect_err("disagrees");
     assert!(matches!(error, ReemitError::Disagrees { .. }), "{error}");
     assert!(error.to_string().contains("D RE-C 300 BRL, C RE-D 300 BRL"), "{error}");

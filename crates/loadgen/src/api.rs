@@ -7,7 +7,7 @@ use reqwest::{Client, RequestBuilder, StatusCode};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use contracts::Cents;
+use contracts::{Amount, Cents};
 use telemetry::error_chain;
 
 use crate::LoadgenError;
@@ -99,7 +99,7 @@ impl Api {
     }
 
     /// `POST /transferencias` with a fresh `Idempotency-Key`, as a payments client sends it.
-    pub async fn transfer(&self, source: &str, destination: &str, amount_cents: Cents) -> Sent {
+    pub async fn transfer(&self, source: &str, destination: &str, amount_cents: Amount) -> Sent {
         let request = self
             .http
             .post(format!("{}/transferencias", self.transfers))

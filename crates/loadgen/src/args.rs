@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use contracts::Cents;
+use contracts::{Amount, Cents};
 use kafka::KafkaArgs;
 
 /// Drive transfers through the HTTP API and report throughput and latency.
@@ -43,8 +43,8 @@ pub struct LoadgenArgs {
 
     /// Largest amount of one transfer, in cents (amounts are drawn uniformly from 1 to this;
     /// keep it below antifraud's block threshold for a load that settles).
-    #[arg(long, default_value_t = Cents::new(10_000), value_parser = Cents::parse_amount)]
-    pub max_amount_cents: Cents,
+    #[arg(long, default_value_t = Amount::constant(10_000), value_parser = Amount::parse)]
+    pub max_amount_cents: Amount,
 
     /// Opening balance of every account, in cents.
     #[arg(long, default_value_t = Cents::new(100_000_000_000), value_parser = Cents::parse_balance)]

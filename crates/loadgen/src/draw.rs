@@ -5,7 +5,7 @@ use rand::rngs::StdRng;
 use rand::Rng;
 use rand_distr::{Distribution, Zipf};
 
-use contracts::Cents;
+use contracts::Amount;
 
 use crate::args::Skew;
 
@@ -15,7 +15,7 @@ pub struct Draw {
     accounts: u32,
     skew: Skew,
     zipf: Option<Zipf<f64>>,
-    max_amount_cents: Cents,
+    max_amount_cents: Amount,
 }
 
 /// The hot account of `hot-credit` and `hot-debit`.
@@ -26,18 +26,18 @@ const HOT: u32 = 0;
 pub struct Pick {
     pub source: u32,
     pub destination: u32,
-    pub amount_cents: Cents,
+    pub amount_cents: Amount,
 }
 
 impl Draw {
-    /// `accounts ≥ 2`, `max_amount_cents ≥ 1` (the arguments' ranges).
-    pub fn new(accounts: u32, skew: Skew, max_amount_cents: Cents) -> Self {
+    /// `accounts ≥ 2` (the argument's range).
+    pub fn new(accounts: u32, skew: Skew, max_amount_cents: Amount) -> Self {
         let zipf = match skew {
             // n ≥ 2 and s ≥ 0 finite are checked by the argument parsers
             Skew::Zipf(s) => Zipf::new(f64::from(accounts), s).ok(),
             Skew::Uniform | Skew::HotCredit | Skew::HotDebit => None,
         };
-        Self { accounts, skew, zipf, max_amount_cents: max_amount_cents.max(Cents::new(1)) }
+        Self { accounts, skew, zipf, max_amount_cents }
     }
 
     fn account(&self, rng: &mut StdRng) -> u32 {
@@ -68,7 +68,8 @@ impl Draw {
                 (source, destination)
             }
         };
-        let amount_cents = Cents::new(rng.random_range(1..=self.max_amount_cents.get()));
+        let amount_cents = Amount::new(rng.random_range(1..=self.max_amount_cents.get()))
+            .unwrap_or_else(|refused| unreachable!("drawn from 1 up: {refused}"));
         Pick { source, destination, amount_cents }
     }
 }
@@ -92,9 +93,9 @@ mod tests {
 
     #[test]
     fn uniform_spreads_and_zipf_concentrates() {
-        let uniform = counts(&Draw::new(10, Skew::Uniform, Cents::new(500)), 20_000);
+        let uniform = counts(&Draw::new(10, Skew::Uniform, Amount::constant(500)), 20_000);
         assert!(uniform.iter().all(|&count| (1_600..2_400).contains(&count)), "{uniform:?}");
-        let zipf = counts(&Draw::new(10, Skew::Zipf(1.5), Cents::new(500)), 20_000);
+        let zipf = counts(&Draw::new(10, Skew::Zipf(1.5), Amount::constant(500)), 20_000);
         // rank 1 ~ 1/H(10,1.5) ≈ 0.48 of the draws; rank 10 ≈ 1.5 %
         assert!(zipf[0] > 8_000 && zipf[9] < 800, "{zipf:?}");
         assert!(zipf.windows(2).all(|pair| pair[0] >= pair[1]), "{zipf:?}");
@@ -116,7 +117,8 @@ mod tests {
 
     #[test]
     fn hot_credit_credits_one_account_from_all_the_others() {
-        let (sources, destinations) = sides(&Draw::new(10, Skew::HotCredit, Cents::new(500)), 10, 18_000);
+        let (sources, destinations) =
+            sides(&Draw::new(10, Skew::HotCredit, Amount::constant(500)), 10, 18_000);
         assert_eq!(destinations[0], 18_000, "every transfer credits the hot account: {destinations:?}");
         assert_eq!(sources[0], 0, "the hot account never pays: {sources:?}");
         // the other nine spread evenly, 2 000 each
@@ -125,23 +127,24 @@ mod tests {
 
     #[test]
     fn hot_debit_debits_one_account_to_all_the_others() {
-        let (sources, destinations) = sides(&Draw::new(10, Skew::HotDebit, Cents::new(500)), 10, 18_000);
+        let (sources, destinations) =
+            sides(&Draw::new(10, Skew::HotDebit, Amount::constant(500)), 10, 18_000);
         assert_eq!(sources[0], 18_000, "every transfer debits the hot account: {sources:?}");
         assert_eq!(destinations[0], 0, "{destinations:?}");
         assert!(destinations[1..].iter().all(|&count| (1_600..2_400).contains(&count)), "{destinations:?}");
         // two accounts: always 0 → 1
-        let (sources, destinations) = sides(&Draw::new(2, Skew::HotDebit, Cents::new(500)), 2, 100);
+        let (sources, destinations) = sides(&Draw::new(2, Skew::HotDebit, Amount::constant(500)), 2, 100);
         assert_eq!((sources, destinations), (vec![100, 0], vec![0, 100]));
     }
 
     #[test]
     fn two_accounts_always_differ() {
-        let draw = Draw::new(2, Skew::Zipf(3.0), Cents::new(1));
+        let draw = Draw::new(2, Skew::Zipf(3.0), Amount::ONE_CENT);
         let mut rng = StdRng::seed_from_u64(1);
         for _ in 0..1_000 {
             let pick = draw.next(&mut rng);
             assert_ne!(pick.source, pick.destination);
-            assert_eq!(pick.amount_cents, Cents::new(1));
+            assert_eq!(pick.amount_cents, Amount::ONE_CENT);
         }
     }
 }

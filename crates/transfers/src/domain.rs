@@ -1,7 +1,7 @@
 //! A transfer request and its validation (`CONTRACT.md` §2): every rule is checked and every
 //! broken one reported, so a client fixes its request in one round trip.
 
-use contracts::{AccountId, Cents, Currency};
+use contracts::{AccountId, Amount, Currency};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
@@ -13,7 +13,7 @@ pub use web::FieldError;
 pub struct TransferRequest {
     pub source_account: AccountId,
     pub destination_account: AccountId,
-    pub amount_cents: Cents,
+    pub amount_cents: Amount,
     pub currency: Currency,
 }
 
@@ -38,7 +38,7 @@ impl TransferRequest {
                 None
             }
             Some(Value::Number(number)) => match number.as_i64() {
-                Some(cents) => match Cents::amount(cents) {
+                Some(cents) => match Amount::new(cents) {
                     Ok(cents) => Some(cents),
                     Err(_) => {
                         errors.push(FieldError::new("valorEmCentavos", "must be greater than 0"));
@@ -131,7 +131,7 @@ mod tests {
         let request = TransferRequest::parse(&body).expect("valid");
         assert_eq!(request.source_account, "CC-001");
         assert_eq!(request.destination_account, "CC_002");
-        assert_eq!(request.amount_cents, Cents::new(30000));
+        assert_eq!(request.amount_cents.get(), 30_000);
         assert_eq!(request.currency, "BRL");
     }
 
@@ -198,7 +198,7 @@ mod tests {
         ) {
             let body = json!({"contaOrigem": source, "contaDestino": "X", "valorEmCentavos": amount, "moeda": currency});
             match TransferRequest::parse(&body) {
-                Ok(request) => prop_assert!(request.amount_cents.is_positive()),
+                Ok(request) => prop_assert_eq!(request.amount_cents.get(), amount),
                 Err(errors) => prop_assert!(!errors.is_empty()),
             }
         }

@@ -7,7 +7,7 @@ use sqlx::{PgPool, Postgres, Transaction};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use contracts::{AccountId, Cents, Currency, EventType, Timestamp, TransferStatus};
+use contracts::{AccountId, Amount, Currency, EventType, Timestamp, TransferStatus};
 
 use crate::domain::{Status, TransferRequest};
 
@@ -25,7 +25,7 @@ pub struct Transfer {
     #[sqlx(rename = "conta_destino", try_from = "String")]
     pub destination_account: AccountId,
     #[sqlx(rename = "valor_centavos", try_from = "i64")]
-    pub amount_cents: Cents,
+    pub amount_cents: Amount,
     #[sqlx(rename = "moeda", try_from = "String")]
     pub currency: Currency,
     /// An unknown spelling in the row fails the read (`sqlx::Error::ColumnDecode`).

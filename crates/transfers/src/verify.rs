@@ -56,7 +56,7 @@ pub struct TransferRow {
     pub source_account: String,
     #[sqlx(rename = "conta_destino")]
     pub destination_account: String,
-    #[sqlx(rename = "valor_centavos", try_from = "i64")]
+    #[sqlx(rename = "valor_centavos", try_from = "database::columns::CentsColumn")]
     pub amount_cents: Cents,
     #[sqlx(rename = "moeda")]
     pub currency: String,

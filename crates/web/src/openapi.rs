@@ -15,11 +15,6 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement
 use utoipa::openapi::OpenApi;
 use utoipa::OpenApi as _;
 
-/// An account id: 1–32 of `A-Z a-z 0-9 _ -` (`contracts::domain::validate_account_syntax`).
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
-#[schema(pattern = "^[A-Za-z0-9_-]{1,32}$", example = "CC-001")]
-pub struct AccountId(pub String);
-
 /// Name of the bearer security scheme in the documents.
 pub const BEARER: &str = "bearer";
 

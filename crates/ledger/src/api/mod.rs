@@ -20,13 +20,12 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use contracts::{Cents, Currency, EntryKind, Timestamp};
+use contracts::{AccountId, Amount, Cents, Currency, EntryKind, Timestamp};
 use telemetry::server::Handoff;
 use web::problem::Kind;
 use web::{ApiError, Caller, FieldError, JsonBody, Problem};
 
-use self::openapi::{AccountRequestBody, DepositRequestBody, EntryKind as EntryKindName};
-use web::openapi::AccountId;
+use self::openapi::{AccountRequestBody, DepositRequestBody};
 
 use crate::error::{FailureKind, StoreError};
 use crate::store::{self, AccountRow, CreateAccountError, Deposit, DepositError, DepositMade, Entry};
@@ -49,17 +48,28 @@ pub struct AppState {
 /// The API routes and `/openapi.json` (health and metrics are merged in by the service,
 /// outside auth; the document describes them too).
 pub fn router(state: AppState) -> Router {
-    let (api, document) = OpenApiRouter::with_openapi(<openapi::ApiDoc as utoipa::OpenApi>::openapi())
-        .routes(routes!(create_account))
-        .routes(routes!(get_account))
-        .routes(routes!(deposit))
-        .routes(routes!(list_entries))
+    let (api, document) = routes()
         .route_layer(middleware::from_fn_with_state(state.tokens.clone(), web::auth::authenticate))
         .split_for_parts();
     api.merge(web::openapi::route(document, openapi::BEARER))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .with_state(state)
         .layer(middleware::from_fn(web::observe))
+}
+
+/// The API's routes, each with its `#[utoipa::path]`.
+fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(<openapi::ApiDoc as utoipa::OpenApi>::openapi())
+        .routes(routes!(create_account))
+        .routes(routes!(get_account))
+        .routes(routes!(deposit))
+        .routes(routes!(list_entries))
+}
+
+/// The API's document as derived from its routes (before the bearer scheme and the operational
+/// routes are added).
+pub fn document() -> utoipa::openapi::OpenApi {
+    routes().split_for_parts().1
 }
 
 /// A database failure: `503` (with `Retry-After`) when the database is unreachable, else `500`.
@@ -77,14 +87,11 @@ fn internal(error: impl Into<StoreError>) -> ApiError {
 #[serde(rename_all = "camelCase")]
 #[schema(as = Account)]
 pub struct AccountView {
-    #[schema(value_type = AccountId)]
-    pub id: contracts::AccountId,
+    pub id: AccountId,
     #[serde(rename = "moeda")]
-    #[schema(value_type = String)]
     pub currency: Currency,
     /// Negative only for an issuer account.
     #[serde(rename = "saldoCentavos")]
-    #[schema(value_type = i64)]
     pub balance_cents: Cents,
 }
 
@@ -101,12 +108,10 @@ impl From<AccountRow> for AccountView {
 pub struct DepositView {
     #[serde(rename = "depositoId")]
     pub deposit_id: Uuid,
-    #[schema(value_type = AccountId)]
     #[serde(rename = "contaId")]
-    pub account_id: contracts::AccountId,
+    pub account_id: AccountId,
     #[serde(rename = "valorEmCentavos")]
-    #[schema(value_type = i64)]
-    pub amount_cents: Cents,
+    pub amount_cents: Amount,
     #[schema(value_type = String, format = DateTime)]
     #[serde(rename = "criadoEm")]
     pub created_at: Timestamp,
@@ -132,12 +137,10 @@ pub struct EntryView {
     /// The transfer's id, or the `depositoId`.
     #[serde(rename = "transferenciaId")]
     pub transfer_id: Uuid,
-    #[schema(value_type = EntryKindName)]
     #[serde(rename = "tipo")]
     pub kind: EntryKind,
     #[serde(rename = "valorCentavos")]
-    #[schema(value_type = i64)]
-    pub amount_cents: Cents,
+    pub amount_cents: Amount,
     #[schema(value_type = String, format = DateTime)]
     #[serde(rename = "criadoEm")]
     pub created_at: Timestamp,
@@ -187,14 +190,13 @@ fn object(body: &Value) -> Result<&serde_json::Map<String, Value>, ApiError> {
 }
 
 /// An account id from the path: syntax checked, issuer accounts readable.
-fn path_account(id: String) -> Result<contracts::AccountId, ApiError> {
-    contracts::AccountId::parse(id)
-        .map_err(|invalid| ApiError::Validation(vec![FieldError::new("id", invalid.message)]))
+fn path_account(id: String) -> Result<AccountId, ApiError> {
+    AccountId::parse(id).map_err(|invalid| ApiError::Validation(vec![FieldError::new("id", invalid.message)]))
 }
 
 /// An account from the path that `caller` may read: an API client's token reads only its own
 /// accounts, and another's is answered as an unknown account (it learns nothing of it).
-fn readable_account(caller: &Caller, id: String) -> Result<contracts::AccountId, ApiError> {
+fn readable_account(caller: &Caller, id: String) -> Result<AccountId, ApiError> {
     let id = path_account(id)?;
     if caller.may_use(id.as_str()) {
         Ok(id)
@@ -233,7 +235,7 @@ pub async fn create_account(
     let object = object(&body)?;
     let mut errors = Vec::new();
     let id = web::required_text(object, "id", &mut errors, |id| {
-        contracts::AccountId::customer(id).map_err(|invalid| invalid.message)
+        AccountId::customer(id).map_err(|invalid| invalid.message)
     });
     let currency = web::required_text(object, "moeda", &mut errors, |code| {
         Currency::parse(code).map_err(|invalid| invalid.to_string())
@@ -337,7 +339,7 @@ pub async fn deposit(
             }
             None
         }
-        Some(amount) => match Cents::amount(amount) {
+        Some(amount) => match Amount::new(amount) {
             Ok(amount) => Some(amount),
             Err(_) => {
                 errors.push(FieldError::new("valorEmCentavos", "must be greater than 0"));

@@ -3,13 +3,14 @@
 //! with.
 //!
 //! Request bodies are read field by field (so every broken rule gets its own message), not
-//! deserialised into a type; [`AccountRequestBody`] and [`DepositRequestBody`] describe them,
-//! and tests keep them and the handlers in step.
+//! deserialised into a type; [`AccountRequestBody`] and [`DepositRequestBody`] describe them
+//! with the contract's own types (their schemas come from `contracts`, feature `openapi`), and
+//! tests keep them and the handlers in step.
 
+use contracts::{AccountId, Amount, Cents, Currency};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
-use web::openapi::AccountId;
 
 /// Description of the bearer scheme in this document.
 pub const BEARER: &str =
@@ -29,28 +30,20 @@ pub const BEARER: &str =
 )]
 pub struct ApiDoc;
 
-/// `tipo` of an entry: debit or credit.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
-pub enum EntryKind {
-    D,
-    C,
-}
-
 /// Body of `POST /contas`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AccountRequestBody {
     /// Must not start with `EMISSOR-` (the issuers' accounts).
     pub id: AccountId,
-    /// An active ISO 4217 code.
-    #[schema(pattern = "^[A-Z]{3}$", example = "BRL")]
     #[serde(rename = "moeda")]
-    pub currency: String,
-    /// Opening balance in cents (a deposit with id `nameUUIDFromBytes("abertura:" + id)`).
-    #[schema(minimum = 0, default = 0)]
+    pub currency: Currency,
+    /// Opening balance in cents, 0 or more (a deposit with id
+    /// `nameUUIDFromBytes("abertura:" + id)`).
+    #[schema(value_type = Option<i64>, minimum = 0, default = 0)]
     #[serde(skip_serializing_if = "Option::is_none")]
     #[serde(rename = "saldoInicialCentavos")]
-    pub opening_balance_cents: Option<i64>,
+    pub opening_balance_cents: Option<Cents>,
 }
 
 /// Body of `POST /contas/{id}/depositos`.
@@ -60,9 +53,8 @@ pub struct DepositRequestBody {
     /// The deposit's idempotency key: the same id again answers the original.
     #[serde(rename = "depositoId")]
     pub deposit_id: Uuid,
-    #[schema(minimum = 1, example = 10000)]
     #[serde(rename = "valorEmCentavos")]
-    pub amount_cents: i64,
+    pub amount_cents: Amount,
 }
 
 #[cfg(test)]
@@ -79,7 +71,14 @@ mod tests {
     }
 
     #[test]
-    fn the_documented_entry_kinds_are_the_database_s() {
-        assert_eq!(json!([EntryKind::D, EntryKind::C]), json!(["D", "C"]));
+    fn the_document_describes_the_contract_s_own_types() {
+        let document = serde_json::to_value(super::super::document()).expect("json");
+        let schemas = &document["components"]["schemas"];
+        assert_eq!(schemas["Entry"]["properties"]["tipo"]["$ref"], json!("#/components/schemas/EntryKind"));
+        assert_eq!(schemas["EntryKind"]["enum"], json!(["D", "C"]));
+        let deposit = &schemas["DepositRequestBody"]["properties"]["valorEmCentavos"];
+        assert_eq!(deposit["$ref"], json!("#/components/schemas/Amount"));
+        assert_eq!(schemas["Amount"]["minimum"], json!(1));
+        assert_eq!(schemas["Account"]["properties"]["id"]["$ref"], json!("#/components/schemas/AccountId"));
     }
 }

@@ -5,7 +5,7 @@ use sqlx::{PgConnection, PgPool};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use contracts::{AccountId, Cents, Currency, EntryKind, Timestamp};
+use contracts::{AccountId, Amount, Cents, Currency, EntryKind, Timestamp};
 
 use super::{begin, connection, lock_accounts, Entries};
 use crate::error::StoreError;
@@ -17,7 +17,7 @@ pub struct AccountRow {
     pub id: AccountId,
     #[sqlx(rename = "moeda", try_from = "String")]
     pub currency: Currency,
-    #[sqlx(rename = "saldo_centavos", try_from = "i64")]
+    #[sqlx(rename = "saldo_centavos", try_from = "database::columns::CentsColumn")]
     pub balance_cents: Cents,
 }
 
@@ -57,9 +57,11 @@ pub async fn create_account(
     if created.rows_affected() == 0 {
         return Err(CreateAccountError::Exists(id.clone()));
     }
-    if opening_cents.is_positive() {
+    // an opening balance of 0 moves nothing; a negative one is refused by the API's parser
+    assert!(opening_cents >= Cents::ZERO, "an opening balance of {opening_cents} cents");
+    if let Ok(opening) = Amount::new(opening_cents.get()) {
         let deposit_id = contracts::ids::opening_deposit_id(id.as_str());
-        move_from_issuer(&mut transaction, deposit_id, id, currency, opening_cents).await?;
+        move_from_issuer(&mut transaction, deposit_id, id, currency, opening).await?;
     }
     transaction.commit().await?;
     Ok(AccountRow { id: id.clone(), currency: currency.clone(), balance_cents: opening_cents })
@@ -72,7 +74,7 @@ pub struct Deposit {
     #[sqlx(rename = "conta_id", try_from = "String")]
     pub account: AccountId,
     #[sqlx(rename = "valor_centavos", try_from = "i64")]
-    pub amount_cents: Cents,
+    pub amount_cents: Amount,
     #[sqlx(rename = "criado_em", try_from = "OffsetDateTime")]
     pub created_at: Timestamp,
 }
@@ -108,7 +110,7 @@ pub async fn deposit(
     pool: &PgPool,
     deposit_id: Uuid,
     account: &AccountId,
-    amount_cents: Cents,
+    amount_cents: Amount,
 ) -> Result<DepositMade, DepositError> {
     let mut transaction = begin(pool).await?;
     let currency: Option<String> =
@@ -165,7 +167,7 @@ async fn move_from_issuer(
     deposit_id: Uuid,
     account: &AccountId,
     currency: &Currency,
-    amount_cents: Cents,
+    amount_cents: Amount,
 ) -> Result<Deposit, DepositError> {
     let issuer = AccountId::issuer(currency);
     sqlx::query(
@@ -182,10 +184,12 @@ async fn move_from_issuer(
     };
     let accounts = lock_accounts(connection, &ids).await?;
     let balance = |id: &AccountId| accounts.get(id).map_or(Cents::ZERO, |account| account.balance_cents);
-    let debited =
-        balance(&issuer).checked_sub(amount_cents).ok_or_else(|| DepositError::Overflow(issuer.clone()))?;
-    let credited =
-        balance(account).checked_add(amount_cents).ok_or_else(|| DepositError::Overflow(account.clone()))?;
+    let debited = balance(&issuer)
+        .checked_sub(amount_cents.cents())
+        .ok_or_else(|| DepositError::Overflow(issuer.clone()))?;
+    let credited = balance(account)
+        .checked_add(amount_cents.cents())
+        .ok_or_else(|| DepositError::Overflow(account.clone()))?;
     let at = Timestamp::now();
     sqlx::query("INSERT INTO deposito (id, conta_id, valor_centavos, criado_em) VALUES ($1, $2, $3, $4)")
         .bind(deposit_id)

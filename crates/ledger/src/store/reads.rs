@@ -5,7 +5,7 @@ use sqlx::PgPool;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use contracts::{AccountId, Cents, EntryKind, Timestamp};
+use contracts::{AccountId, Amount, EntryKind, Timestamp};
 
 use super::{connection, AccountRow};
 use crate::error::StoreError;
@@ -30,7 +30,7 @@ pub struct Entry {
     #[sqlx(rename = "tipo", try_from = "String")]
     pub kind: EntryKind,
     #[sqlx(rename = "valor_centavos", try_from = "i64")]
-    pub amount_cents: Cents,
+    pub amount_cents: Amount,
     #[sqlx(rename = "criado_em", try_from = "OffsetDateTime")]
     pub created_at: Timestamp,
 }

@@ -36,12 +36,23 @@ pub struct AppState {
     pub max_pending: i64,
 }
 
+/// The API's routes, each with its `#[utoipa::path]`.
+fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(<openapi::ApiDoc as utoipa::OpenApi>::openapi())
+        .routes(routes!(transfers::create, transfers::list))
+        .routes(routes!(transfers::get))
+}
+
+/// The API's document as derived from its routes (before the bearer scheme and the operational
+/// routes are added).
+pub fn document() -> utoipa::openapi::OpenApi {
+    routes().split_for_parts().1
+}
+
 /// The API routes and `/openapi.json` (health and metrics are merged in by the service,
 /// outside auth; the document describes them too).
 pub fn router(state: AppState) -> Router {
-    let (api, document) = OpenApiRouter::with_openapi(<openapi::ApiDoc as utoipa::OpenApi>::openapi())
-        .routes(routes!(transfers::create, transfers::list))
-        .routes(routes!(transfers::get))
+    let (api, document) = routes()
         .route_layer(middleware::from_fn_with_state(state.tokens.clone(), web::auth::authenticate))
         .split_for_parts();
     api.merge(web::openapi::route(document, openapi::BEARER))

@@ -2,12 +2,13 @@
 //! utoipa from the handlers' `#[utoipa::path]` attributes and the types they answer with.
 //!
 //! The request body is read field by field (so every broken rule gets its own message), not
-//! deserialised into a type; [`TransferRequestBody`] describes it, and a test keeps it and the
-//! parser in step.
+//! deserialised into a type; [`TransferRequestBody`] describes it with the contract's own types
+//! (their schemas come from `contracts`, feature `openapi`), and a test keeps it and the parser
+//! in step.
 
+use contracts::{AccountId, Amount, Currency};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
-use web::openapi::AccountId;
 
 /// Description of the bearer scheme in this document.
 pub const BEARER: &str =
@@ -28,30 +29,6 @@ pub const BEARER: &str =
 #[derive(Debug)]
 pub struct ApiDoc;
 
-/// `status` of a transfer.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
-pub enum StatusName {
-    #[serde(rename = "PENDENTE")]
-    Pending,
-    #[serde(rename = "LIQUIDADA")]
-    Settled,
-    #[serde(rename = "REJEITADA")]
-    Rejected,
-}
-
-/// `motivoRejeicao` of a `REJEITADA` transfer.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
-pub enum RejectionName {
-    #[serde(rename = "BLOQUEADA_ANTIFRAUDE")]
-    BlockedByAntifraud,
-    #[serde(rename = "CONTA_INEXISTENTE")]
-    AccountNotFound,
-    #[serde(rename = "MOEDA_INCOMPATIVEL")]
-    CurrencyMismatch,
-    #[serde(rename = "SALDO_INSUFICIENTE")]
-    InsufficientFunds,
-}
-
 /// Body of `POST /transferencias`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -62,14 +39,10 @@ pub struct TransferRequestBody {
     /// Must differ from `contaOrigem`.
     #[serde(rename = "contaDestino")]
     pub destination_account: AccountId,
-    /// Integer cents, at least 1.
-    #[schema(minimum = 1, example = 30000)]
     #[serde(rename = "valorEmCentavos")]
-    pub amount_cents: i64,
-    /// An active ISO 4217 code.
-    #[schema(pattern = "^[A-Z]{3}$", example = "BRL")]
+    pub amount_cents: Amount,
     #[serde(rename = "moeda")]
-    pub currency: String,
+    pub currency: Currency,
 }
 
 #[cfg(test)]
@@ -80,17 +53,17 @@ mod tests {
     use serde_json::{json, Value};
 
     fn schema(name: &str) -> Value {
-        let document = serde_json::to_value(<ApiDoc as utoipa::OpenApi>::openapi()).expect("json");
+        let document = serde_json::to_value(super::super::document()).expect("json");
         document["components"]["schemas"][name].clone()
     }
 
     #[test]
     fn the_documented_body_is_what_the_parser_reads() {
         let body = TransferRequestBody {
-            source_account: AccountId("CC-001".into()),
-            destination_account: AccountId("CC-002".into()),
-            amount_cents: 30_000,
-            currency: "BRL".into(),
+            source_account: AccountId::parse("CC-001").expect("an id"),
+            destination_account: AccountId::parse("CC-002").expect("an id"),
+            amount_cents: Amount::new(30_000).expect("positive"),
+            currency: Currency::parse("BRL").expect("a currency"),
         };
         let value = serde_json::to_value(&body).expect("json");
         TransferRequest::parse(&value).expect("the documented body is accepted");
@@ -105,18 +78,19 @@ mod tests {
     }
 
     #[test]
-    fn the_documented_enums_are_the_code_s_spellings() {
+    fn the_document_describes_the_contract_s_own_types() {
+        let transfer = schema("Transfer");
+        let reference = |property: &str| transfer["properties"][property]["$ref"].clone();
+        assert_eq!(reference("status"), json!("#/components/schemas/TransferStatus"));
+        assert_eq!(reference("contaOrigem"), json!("#/components/schemas/AccountId"));
+        assert_eq!(reference("valorEmCentavos"), json!("#/components/schemas/Amount"));
         let statuses: Vec<Value> = Status::ALL.iter().map(|status| json!(status.as_str())).collect();
-        let documented = [StatusName::Pending, StatusName::Settled, StatusName::Rejected];
-        assert_eq!(documented.iter().map(|name| json!(name)).collect::<Vec<_>>(), statuses);
+        assert_eq!(schema("TransferStatus")["enum"], json!(statuses));
         let reasons: Vec<Value> = RejectionReason::ALL.iter().map(|reason| json!(reason.as_str())).collect();
-        let documented = [
-            RejectionName::BlockedByAntifraud,
-            RejectionName::AccountNotFound,
-            RejectionName::CurrencyMismatch,
-            RejectionName::InsufficientFunds,
-        ];
-        assert_eq!(documented.iter().map(|name| json!(name)).collect::<Vec<_>>(), reasons);
+        assert_eq!(schema("RejectionReason")["enum"], json!(reasons));
+        assert_eq!(schema("Amount")["minimum"], json!(1));
+        let body = schema("TransferRequestBody");
+        assert_eq!(body["properties"]["valorEmCentavos"]["$ref"], json!("#/components/schemas/Amount"));
     }
 
     #[test]

@@ -7,15 +7,14 @@ use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use contracts::{Cents, Timestamp};
+use contracts::{Amount, RejectionReason, Timestamp};
 
 use super::error::FORBIDDEN_ACCOUNT;
-use super::openapi::{RejectionName, StatusName, TransferRequestBody};
+use super::openapi::TransferRequestBody;
 use super::AppState;
 use crate::domain::{validate_account_syntax, FieldError, Status, TransferRequest};
 use crate::store::{self, Created, EventTarget, IdempotencyKey, ListFilter, NewTransfer, Transfer};
 use telemetry::server::Handoff;
-use web::openapi::AccountId;
 use web::{ApiError, Caller, JsonBody, Problem};
 
 /// `Idempotency-Key`.
@@ -35,22 +34,17 @@ pub const LIST_LIMIT_MAX: i64 = 500;
 pub struct TransferView {
     pub id: Uuid,
     #[serde(rename = "contaOrigem")]
-    #[schema(value_type = AccountId)]
     pub source_account: contracts::AccountId,
     #[serde(rename = "contaDestino")]
-    #[schema(value_type = AccountId)]
     pub destination_account: contracts::AccountId,
     #[serde(rename = "valorEmCentavos")]
-    #[schema(value_type = i64)]
-    pub amount_cents: Cents,
+    pub amount_cents: Amount,
     #[serde(rename = "moeda")]
-    #[schema(value_type = String)]
     pub currency: contracts::Currency,
-    #[schema(value_type = StatusName)]
     pub status: Status,
     /// Set when `status` is `REJEITADA`, else null.
     #[serde(rename = "motivoRejeicao")]
-    #[schema(value_type = Option<RejectionName>, required = true)]
+    #[schema(value_type = Option<RejectionReason>, required = true)]
     pub rejection_reason: Option<String>,
     #[serde(rename = "criadaEm")]
     #[schema(value_type = String, format = DateTime)]
@@ -257,8 +251,8 @@ pub struct ListQuery {
     path = "/transferencias",
     tag = "transferencias",
     params(
-        ("conta" = Option<AccountId>, Query, description = "Either side of the transfer (an API client's token lists only transfers touching its own accounts)"),
-        ("status" = Option<StatusName>, Query),
+        ("conta" = Option<contracts::AccountId>, Query, description = "Either side of the transfer (an API client's token lists only transfers touching its own accounts)"),
+        ("status" = Option<Status>, Query),
         ("limit" = Option<i64>, Query, minimum = 1, maximum = 500, description = "At most this many (default 50)")
     ),
     responses(

@@ -18,7 +18,7 @@ require_java() {
   local major
   major=$(java -XshowSettings:properties -version 2>&1 | sed -n 's/^ *java.specification.version = //p')
   major=${major%%.*}
-  [ -n "$major" ] && [ "$major" -ge 17 ] || die "Kafka $KAFKA_VERSION needs Java 17 or newer, found '${major:-unknown}'"
+  { [ -n "$major" ] && [ "$major" -ge 17 ]; } || die "Kafka $KAFKA_VERSION needs Java 17 or newer, found '${major:-unknown}'"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -28,7 +28,7 @@ require_java() {
 # .stack/kafka-cluster else; node n's state: that directory itself, or node-n inside it
 # node n's address (KAFKA_NODE_ADDRESSES, remembered; 127.0.0.1 by default) and network
 # namespace (KAFKA_NODE_NETNS, remembered; none by default)
-nth() { local IFS=,; local items=($1); echo "${items[$(($2 - 1))]:-}"; }
+nth() { local items; IFS=, read -r -a items <<< "$1"; echo "${items[$(($2 - 1))]:-}"; }
 node_host() { local host; host=$(nth "$NODE_ADDRESSES" "$1"); echo "${host:-127.0.0.1}"; }
 node_netns() { nth "$NODE_NETNS" "$1"; }
 cluster_dir() { if [ "$BROKERS" -eq 1 ]; then echo "$KAFKA_DIR"; else echo "$STATE/kafka-cluster"; fi; }
@@ -95,7 +95,7 @@ kafka_java_opts() {
 }
 
 kafka_configure() {
-  local n=$1 m dir quorum format_mode voters= replicas ids
+  local n=$1 m dir quorum format_mode voters='' replicas ids
   dir=$(node_dir "$n")
   mkdir -p "$dir/data" "$dir/tmp"
   if [ "$BROKERS" -eq 1 ]; then
@@ -123,7 +123,7 @@ kafka_configure() {
     ids=$(cluster_dir)/cluster.id
     [ -f "$ids" ] || java -Xmx256m -cp "$KAFKA_LIBS/*" kafka.tools.StorageTool random-uuid | tail -n 1 > "$ids"
     log "formatting Kafka storage of node $n (cluster $(cat "$ids"))"
-    # shellcheck disable=SC2086
+    # shellcheck disable=SC2086 # format_mode is empty or one option: nothing or one word
     java -Xmx256m -Dlog4j2.configurationFile="$ROOT/stack/kafka/log4j2.xml" -cp "$KAFKA_LIBS/*" \
       kafka.tools.StorageTool format -t "$(cat "$ids")" \
       -c "$dir/server.properties" $format_mode > "$dir/format.log" 2>&1 \
@@ -168,7 +168,7 @@ kafka_start_node() {
   [ -f "$dir/broker.log" ] && mv -f "$dir/broker.log" "$dir/broker.log.1"
   # many partitions in parallel tests mean many open segment files
   ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
-  # shellcheck disable=SC2046
+  # shellcheck disable=SC2046 # the Java options are a list of words (KAFKA_HEAP_OPTS, KAFKA_GC_OPTS)
   setsid nohup "${in_netns[@]}" java $(kafka_java_opts "$n") -cp "$KAFKA_LIBS/*" kafka.Kafka "$dir/server.properties" \
     > "$dir/broker.log" 2>&1 < /dev/null &
   echo $! > "$dir/broker.pid"

@@ -20,8 +20,8 @@ PG_READY_SECONDS=${PG_READY_SECONDS:-60}
 # ---------------------------------------------------------------------------------------------
 # PostgreSQL (Debian's cluster, managed with pg_ctlcluster)
 
+# shellcheck disable=SC2012 # the entries are Debian's PostgreSQL versions (15, 16, …): plain names
 pg_version() { ls /usr/lib/postgresql 2>/dev/null | sort -V | tail -n 1; }
-pg_cluster() { echo "$(pg_version) main"; }
 
 pg_is_ready() { pg_isready -q -h localhost -p "$PG_PORT" 2>/dev/null; }
 
@@ -157,15 +157,15 @@ pg_up() {
   status=$(pg_lsclusters -h | awk -v v="$ver" '$1==v && $2=="main" {print $4}')
   if [ "$status" = online ] && [ -n "$PG_CONF_CHANGED" ]; then
     log "PostgreSQL configuration changed: restarting"
-    pg_ctlcluster $(pg_cluster) restart
+    pg_ctlcluster "$ver" main restart
   elif [ "$status" = online ] && [ -n "$PG_TLS_CHANGED" ]; then
     # the ssl settings take effect on a reload, which drops no connection
     log "PostgreSQL TLS configuration changed: reloading"
-    pg_ctlcluster $(pg_cluster) reload
+    pg_ctlcluster "$ver" main reload
   elif [ "$status" != online ]; then
     # a crashed cluster leaves postmaster.pid behind; pg_ctl copes with a stale one
     log "starting PostgreSQL $ver"
-    pg_ctlcluster $(pg_cluster) start || {
+    pg_ctlcluster "$ver" main start || {
       tail -n 40 "/var/log/postgresql/postgresql-$ver-main.log" >&2 || true
       die "PostgreSQL did not start (log above)"
     }
@@ -281,7 +281,7 @@ pg_down() {
   [ -n "$ver" ] || return 0
   if pg_lsclusters -h 2>/dev/null | awk -v v="$ver" '$1==v && $2=="main" {print $4}' | grep -q online; then
     log "stopping PostgreSQL $ver"
-    pg_ctlcluster $(pg_cluster) stop -m fast
+    pg_ctlcluster "$ver" main stop -m fast
   fi
 }
 

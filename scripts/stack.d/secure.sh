@@ -125,7 +125,7 @@ secure_up() {
     log "starting the secure Kafka broker (SASL_SSL) on 127.0.0.1:$port"
     [ -f "$SECURE_DIR/broker.log" ] && mv -f "$SECURE_DIR/broker.log" "$SECURE_DIR/broker.log.1"
     ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
-    # shellcheck disable=SC2086
+    # shellcheck disable=SC2086 # KAFKA_HEAP_OPTS and KAFKA_GC_OPTS are lists of options
     setsid nohup java $KAFKA_HEAP_OPTS $KAFKA_GC_OPTS -XX:+ExitOnOutOfMemoryError \
       -Djava.io.tmpdir="$SECURE_DIR/tmp" -Dlog4j2.configurationFile="$ROOT/stack/kafka/log4j2-secure.xml" \
       -cp "$KAFKA_LIBS/*" kafka.Kafka "$SECURE_DIR/server.properties" \

@@ -15,8 +15,8 @@ use uuid::Uuid;
 
 fn document() -> String {
     let package = std::env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR (run under cargo test)");
-    std::fs::read_to_string(PathBuf::from(package).join("../../docs/asyncapi.yaml"))
-        .expect("docs/asyncapi.yaml")
+    std::fs::read_to_string(PathBuf::from(package).join("../../docs/reference/asyncapi.yaml"))
+        .expect("docs/reference/asyncapi.yaml")
 }
 
 /// The lines of `components.messages.<name>` (indented 4), up to the next message.

@@ -13,8 +13,8 @@ use tokio::time::Instant;
 
 use crate::context::Revocations;
 
+use super::batch::Batch;
 use super::io::Io;
-use super::Batch;
 
 /// The held partitions.
 #[derive(Debug, Default)]
@@ -33,6 +33,13 @@ struct Partition {
 }
 
 impl Held {
+    /// Every held record with the tick at which it was taken (for the loop's invariants).
+    pub fn records(&self) -> impl Iterator<Item = (&OwnedMessage, u64)> {
+        self.partitions.values().flat_map(|partition| {
+            partition.records.records.iter().zip(partition.records.taken.iter().copied())
+        })
+    }
+
     pub fn holds(&self, topic: &str, partition: i32) -> bool {
         // (no allocation: the map is small and this runs per record taken)
         self.partitions.keys().any(|(held, number)| held == topic && *number == partition)

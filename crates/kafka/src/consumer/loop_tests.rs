@@ -19,16 +19,18 @@ use crate::context::Revocations;
 use crate::producer::{OutgoingRecord, Producer};
 use crate::Error;
 
+mod invariants;
+
 type Key = (String, i32);
 
 /// One topic `t` in memory: what librdkafka's consumer does that the loop relies on (paused
 /// partitions deliver nothing and resume after the last record handed out, stores are refused
 /// for partitions not assigned, a partition assigned again starts at its stored offset).
 #[derive(Default)]
-struct Broker {
+pub(super) struct Broker {
     state: Mutex<State>,
     changed: tokio::sync::Notify,
-    revocations: Revocations,
+    pub(super) revocations: Revocations,
 }
 
 #[derive(Default)]
@@ -57,7 +59,7 @@ impl Broker {
     }
 
     /// Appends a record with `payload` to partition `partition` (assigned to the consumer).
-    fn produce(&self, partition: i32, payload: &str) {
+    pub(super) fn produce(&self, partition: i32, payload: &str) {
         let mut state = self.lock();
         let log = state.logs.entry(key(partition)).or_default();
         let offset = log.len() as i64;
@@ -76,7 +78,7 @@ impl Broker {
     }
 
     /// A rebalance takes `partition` away (the context unpauses it and ticks the revocations).
-    fn revoke(&self, partition: i32) {
+    pub(super) fn revoke(&self, partition: i32) {
         let mut state = self.lock();
         state.assigned.remove(&key(partition));
         state.paused.remove(&key(partition));
@@ -89,12 +91,12 @@ impl Broker {
     }
 
     /// A rebalance gives `partition` back: fetched anew from its stored offset.
-    fn assign(&self, partition: i32) {
+    pub(super) fn assign(&self, partition: i32) {
         self.lock().assigned.insert(key(partition));
         self.changed.notify_waiters();
     }
 
-    fn stored(&self, partition: i32) -> Option<i64> {
+    pub(super) fn stored(&self, partition: i32) -> Option<i64> {
         self.lock().stored.get(&key(partition)).copied()
     }
 
@@ -107,7 +109,7 @@ impl Broker {
     }
 
     /// The next record of an assigned partition that is not paused.
-    fn take(&self) -> Option<OwnedMessage> {
+    pub(super) fn take(&self) -> Option<OwnedMessage> {
         let mut state = self.lock();
         let State { logs, assigned, position, paused, stored, .. } = &mut *state;
         for (key, log) in logs.iter() {
@@ -505,101 +507,4 @@ async fn a_partition_revoked_and_assigned_back_while_its_forward_waits_loses_not
     assert_eq!(published[0].2 - running.start, Duration::from_millis(500));
     assert_eq!(running.broker.stored(0), Some(1));
     running.stop().await;
-}
-
-/// `pagamentos all` runs several consumers in one process: each batch's handling time is
-/// labelled with its group, so they can be told apart (the benchmark splits its hops so).
-#[test]
-fn batch_handling_time_is_labelled_with_the_group() {
-    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-    let handle = recorder.handle();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("runtime");
-    metrics::with_local_recorder(&recorder, || {
-        runtime.block_on(async {
-            let broker = Broker::default();
-            broker.produce(0, "due=0");
-            broker.produce(1, "due=0");
-            let running = Running::start(broker);
-            running.at(0).await;
-            assert_eq!(running.handled().len(), 2);
-            running.stop().await;
-        })
-    });
-    let text = handle.render();
-    let count = text
-        .lines()
-        .find_map(|line| line.strip_prefix("kafka_batch_handling_seconds_count{group=\"loop-tests\"} "))
-        .unwrap_or_else(|| panic!("no batch handling time of the group in:\n{text}"));
-    assert_ne!(count, "0", "{text}");
-}
-
-/// Fails its first batch as a whole (the database away), then calls every record done.
-struct FailsOnce {
-    failed: bool,
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("unavailable")]
-struct Unavailable;
-
-impl Handler for FailsOnce {
-    type Error = Unavailable;
-
-    async fn handle(&mut self, batch: &[OwnedMessage], _retrying: bool) -> Result<Vec<Verdict>, Unavailable> {
-        if !self.failed {
-            self.failed = true;
-            return Err(Unavailable);
-        }
-        Ok(Verdict::all_done(batch))
-    }
-}
-
-/// A partition revoked and assigned again at once, while its record waited for a retry: the
-/// record is dropped (it is not this member's any more), and until a record of the partition
-/// is taken again the consumer's position may still be the old one, past the dropped record.
-/// The idle store must not store it: the record would be committed unhandled.
-#[tokio::test(start_paused = true)]
-async fn an_idle_store_does_not_store_a_position_from_before_a_revocation() {
-    let broker = Arc::new(Broker::default());
-    broker.lock().revoke_keeps_position = true;
-    broker.produce(0, "a");
-    broker.produce(1, "b");
-    let shutdown = CancellationToken::new();
-    let run = tokio::spawn({
-        let (broker, shutdown) = (broker.clone(), shutdown.clone());
-        async move {
-            let options = LoopOptions { batch_wait_max: Duration::ZERO, ..LoopOptions::default() };
-            consume(&*broker, &mut FailsOnce { failed: false }, &options, &shutdown).await
-        }
-    });
-    let start = Instant::now();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    // during the 500 ms backoff of the failed batch: partition 0 goes and comes back
-    broker.revoke(0);
-    broker.assign(0);
-    tokio::time::sleep_until(start + Duration::from_secs(3)).await;
-    assert_eq!(broker.stored(1), Some(1), "partition 1's record, handled, is stored");
-    assert_eq!(broker.stored(0), None, "partition 0's dropped record was stored as handled");
-    shutdown.cancel();
-    run.await.expect("loop task").expect("loop");
-}
-
-/// librdkafka refused to apply a rebalance: the member would wait for ever, so the loop stops
-/// with a fatal error (the service exits and comes back as a fresh member).
-#[tokio::test(start_paused = true)]
-async fn a_refused_rebalance_stops_the_loop() {
-    let broker = Broker::default();
-    broker.produce(0, "due=0");
-    let running = Running::start(broker);
-    running.at(100).await;
-    assert_eq!(running.handled(), [(0, 0, 0)]);
-    running.broker.revocations.refuse("incremental assign refused (test)".into());
-    running.at(100).await;
-    assert!(running.run.is_finished(), "the loop went on after a refused rebalance");
-    let ended = running.run.await.expect("loop task");
-    assert!(matches!(ended, Err(Error::Fatal(_))), "{ended:?}");
 }

@@ -32,23 +32,32 @@
 //! ends and the key's order holds.
 //! Between cycles the relay sleeps until the insert trigger's `NOTIFY` (the `fast` profile) or
 //! the poll interval (the fallback, and the only wake-up of the `reference` profile).
+//!
+//! # Layout
+//! - here: [`RelayOptions`] and the [`Relay`]'s cycle (claim, deliver, release, mark) and cleanup.
+//! - `statements`: the claimed row ([`PendingEvent`]) and the statements of steps 1, 3 and 4
+//!   and of the lease's renewal.
+//! - `publish`: step 2, the records sent and their answers awaited ([`publish`], and the
+//!   relay's own `deliver`, which renews the lease meanwhile).
+//! - `leader`: [`Relay::run`]: leadership through the advisory lock, and the loop of cycles.
 
 use std::collections::HashSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use futures::future::join_all;
-use futures::stream::{FuturesUnordered, StreamExt};
-use futures::FutureExt;
-use sqlx::postgres::{PgConnectOptions, PgListener};
-use sqlx::{ConnectOptions, Connection, FromRow, PgConnection, PgExecutor, PgPool, Row};
-use time::OffsetDateTime;
+use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use contracts::headers::{EVENT_ID, EVENT_TYPE, TRACEPARENT, TRACESTATE};
-use kafka::producer::{Delivered, OutgoingRecord, Producer};
+use kafka::producer::Producer;
 
-use crate::{Error, NOTIFY_CHANNEL};
+use crate::Error;
+
+mod leader;
+mod publish;
+mod statements;
+
+pub use publish::publish;
+pub use statements::{claim, claim_and_mark, mark, release, renew, PendingEvent};
 
 /// The advisory lock key every relay of a database competes for ("pagamentos-outbox").
 pub const LOCK_KEY: i64 = 0x7061_6761_6d65_6e74;
@@ -120,236 +129,6 @@ impl RelayOptions {
             ..Self::fast(database)
         }
     }
-}
-
-/// A claimed, not yet published row.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct PendingEvent {
-    pub id: Uuid,
-    #[sqlx(rename = "topico")]
-    pub topic: String,
-    #[sqlx(rename = "chave")]
-    pub key: String,
-    #[sqlx(rename = "tipo")]
-    pub event_type: String,
-    pub payload: String,
-    pub traceparent: Option<String>,
-    pub tracestate: Option<String>,
-    #[sqlx(rename = "criado_em")]
-    pub created_at: OffsetDateTime,
-    /// The acceptance order (`sequencia`): drawn at insert, in insert order (`criado_em` is one
-    /// value for every row of a transaction).
-    #[sqlx(rename = "sequencia")]
-    pub sequence: i64,
-}
-
-impl PendingEvent {
-    /// The Kafka record: key `chave`, headers `evento-id`, `evento-tipo` and the trace context.
-    pub fn record(&self) -> OutgoingRecord {
-        let mut record = OutgoingRecord::new(&self.topic, self.key.as_bytes(), self.payload.as_bytes())
-            .header(EVENT_ID, self.id.hyphenated().to_string())
-            .header(EVENT_TYPE, self.event_type.as_bytes());
-        let Some(traceparent) = &self.traceparent else { return record };
-        // the relay's hop: a span in the row's trace, whose context the record carries on
-        let span = tracing::info_span!("outbox.publish", event_id = %self.id, event_type = %self.event_type, topic = %self.topic);
-        telemetry::context::continue_from(&span, Some(traceparent), self.tracestate.as_deref());
-        let mut context = telemetry::context::inject(&span);
-        let traceparent = context.remove("traceparent").unwrap_or_else(|| traceparent.clone());
-        record = record.header(TRACEPARENT, traceparent.into_bytes());
-        if let Some(tracestate) = context.remove("tracestate").or_else(|| self.tracestate.clone()) {
-            record = record.header(TRACESTATE, tracestate.into_bytes());
-        }
-        record
-    }
-}
-
-/// The rows of the id array `$ids` that `$owner` leases and that are still unpublished.
-///
-/// `(publicado_em IS NULL) IS TRUE` says `publicado_em IS NULL` in a form that does not let
-/// the planner use the partial indexes on pending rows: with the queue table's statistics
-/// (almost no row pending) it took a scan of every pending row for the cheapest way to find a
-/// few ids, where the primary key finds them whatever the backlog.
-macro_rules! held_by {
-    ($ids:literal, $owner:literal) => {
-        concat!("id = ANY(", $ids, ") AND reservado_por = ", $owner, " AND (publicado_em IS NULL) IS TRUE")
-    };
-}
-
-/// Step 1: leases up to `limit` pending rows to `owner` until `now() + lease`, in acceptance
-/// order (`sequencia`), in one statement (its own short transaction): rows whose lease is free,
-/// expired or already `owner`'s (left by a cycle of this instance that lost its connection
-/// before the mark or the release), `FOR UPDATE SKIP LOCKED`, and never a row behind an earlier
-/// row of its key that another instance still leases (a dead relay's rows are published first
-/// when their lease ends, so the key's order holds). The rows are returned in acceptance order.
-pub async fn claim<'e>(
-    executor: impl PgExecutor<'e>,
-    owner: Uuid,
-    limit: i64,
-    lease: Duration,
-) -> Result<Vec<PendingEvent>, Error> {
-    // the one claim statement, with nothing to mark
-    Ok(claim_and_mark(executor, owner, limit, lease, &[]).await?.1)
-}
-
-/// Steps 3 and 1 in one statement and one commit: marks published the rows of `acknowledged`
-/// that `owner` still holds (as [`mark`]) and leases the next batch as [`claim`] describes,
-/// never taking back a row of `acknowledged` (this statement's claim does not see its own
-/// marks). With nothing acknowledged it is [`claim`]'s statement.
-/// Returns how many it marked and the leased rows in acceptance order. The relay uses it when
-/// the next cycle starts at once (a full batch, or rows already announced): a cycle then costs
-/// one commit instead of two.
-pub async fn claim_and_mark<'e>(
-    executor: impl PgExecutor<'e>,
-    owner: Uuid,
-    limit: i64,
-    lease: Duration,
-    acknowledged: &[Uuid],
-) -> Result<(u64, Vec<PendingEvent>), Error> {
-    // every part of a WITH runs once, to completion, on one snapshot; the outer join returns
-    // one row even when nothing is leased, to carry the count of marked rows
-    // `alheio`: per key, the first pending row another instance still leases, read once (one
-    // pass over the pending rows). Written as a per-candidate `NOT EXISTS` over the pending
-    // rows, the check was planned as a nested loop that scanned every pending row for every
-    // candidate: the statistics of a queue table say almost no row is pending (they are taken
-    // while it is drained), so a backlog is never expected, and a claim of 1 000 rows behind a
-    // backlog of 20 000 took 7.2 s instead of 30 ms (docs/benchmarks.md, #28)
-    let rows = sqlx::query(concat!(
-        "WITH marcado AS ( \
-           UPDATE outbox_evento SET publicado_em = clock_timestamp() \
-           WHERE ",
-        held_by!("$4", "$2"),
-        " RETURNING 1), \
-         alheio AS MATERIALIZED ( \
-           SELECT topico, chave, min(sequencia) AS primeira FROM outbox_evento \
-           WHERE publicado_em IS NULL AND reservado_ate > now() AND reservado_por <> $2 \
-           GROUP BY topico, chave), \
-         candidato AS ( \
-           SELECT id FROM outbox_evento AS e \
-           WHERE publicado_em IS NULL AND id <> ALL($4) \
-             AND (reservado_ate IS NULL OR reservado_ate <= now() OR reservado_por = $2) \
-             AND NOT EXISTS (SELECT 1 FROM alheio \
-                             WHERE alheio.topico = e.topico AND alheio.chave = e.chave \
-                               AND alheio.primeira < e.sequencia) \
-           ORDER BY sequencia LIMIT $1 FOR UPDATE SKIP LOCKED), \
-         reservado AS ( \
-           UPDATE outbox_evento AS e SET reservado_por = $2, reservado_ate = now() + make_interval(secs => $3) \
-           FROM candidato WHERE e.id = candidato.id \
-           RETURNING e.id, e.topico, e.chave, e.tipo, e.payload, e.traceparent, e.tracestate, e.criado_em, e.sequencia) \
-         SELECT (SELECT count(*) FROM marcado) AS marcados, reservado.* \
-         FROM (VALUES (1)) AS uma LEFT JOIN reservado ON true"
-    ))
-    .bind(limit)
-    .bind(owner)
-    .bind(lease.as_secs_f64())
-    .bind(acknowledged)
-    .fetch_all(executor)
-    .await?;
-    let mut marked = 0;
-    let mut events = Vec::with_capacity(rows.len());
-    for row in &rows {
-        marked = row.try_get::<i64, _>("marcados")? as u64;
-        if row.try_get::<Option<Uuid>, _>("id")?.is_some() {
-            events.push(PendingEvent::from_row(row)?);
-        }
-    }
-    events.sort_unstable_by_key(|event| event.sequence);
-    Ok((marked, events))
-}
-
-/// Extends `owner`'s lease on the unpublished rows of `ids` to `now() + lease`; returns how many
-/// it still held.
-pub async fn renew<'e>(
-    executor: impl PgExecutor<'e>,
-    owner: Uuid,
-    ids: &[Uuid],
-    lease: Duration,
-) -> Result<u64, Error> {
-    if ids.is_empty() {
-        return Ok(0);
-    }
-    Ok(sqlx::query(concat!(
-        "UPDATE outbox_evento SET reservado_ate = now() + make_interval(secs => $3) WHERE ",
-        held_by!("$1", "$2")
-    ))
-    .bind(ids)
-    .bind(owner)
-    .bind(lease.as_secs_f64())
-    .execute(executor)
-    .await?
-    .rows_affected())
-}
-
-/// Step 2: publishes every event at once (enqueued in order, so each partition keeps it) and
-/// returns the ids the broker acknowledged. Waits for every answer: the relay's cycle uses
-/// [`Relay::deliver`], which renews the lease meanwhile and stops waiting at shutdown.
-pub async fn publish(producer: &Producer, events: &[PendingEvent], database: &'static str) -> Vec<Uuid> {
-    let records: Vec<OutgoingRecord> = events.iter().map(PendingEvent::record).collect();
-    let results = join_all(records.iter().map(|record| producer.send(record))).await;
-    events
-        .iter()
-        .zip(results)
-        .filter_map(|(event, result)| was_acknowledged(event, result, database).then_some(event.id))
-        .collect()
-}
-
-/// Whether `result` acknowledged `event`; records its delivery time or logs the failure.
-fn was_acknowledged(
-    event: &PendingEvent,
-    result: Result<Delivered, kafka::Error>,
-    database: &'static str,
-) -> bool {
-    match result {
-        Ok(_) => {
-            let age = (OffsetDateTime::now_utc() - event.created_at).as_seconds_f64().max(0.0);
-            metrics::histogram!("outbox_delivery_seconds", "database" => database).record(age);
-            true
-        }
-        Err(error) => {
-            tracing::warn!(
-                error = %kafka::consumer::error_chain(&error),
-                event_id = %event.id,
-                topic = event.topic,
-                "outbox event not published; it stays pending"
-            );
-            false
-        }
-    }
-}
-
-/// Step 3: marks published the rows of `ids` that `owner` still holds (a row whose lease ended
-/// and that another relay took is left to that relay, which publishes it again); returns how
-/// many it marked. Only acknowledged rows may be passed here.
-pub async fn mark<'e>(executor: impl PgExecutor<'e>, owner: Uuid, ids: &[Uuid]) -> Result<u64, Error> {
-    if ids.is_empty() {
-        return Ok(0);
-    }
-    // clock_timestamp(), not now(): the moment of the mark, not of the transaction's start
-    Ok(sqlx::query(concat!(
-        "UPDATE outbox_evento SET publicado_em = clock_timestamp() WHERE ",
-        held_by!("$1", "$2")
-    ))
-    .bind(ids)
-    .bind(owner)
-    .execute(executor)
-    .await?
-    .rows_affected())
-}
-
-/// Step 4: gives back `owner`'s lease on the unpublished rows of `ids` (their send failed or
-/// was given up at shutdown), so the next cycle, of this relay or another, takes them at once.
-pub async fn release<'e>(executor: impl PgExecutor<'e>, owner: Uuid, ids: &[Uuid]) -> Result<u64, Error> {
-    if ids.is_empty() {
-        return Ok(0);
-    }
-    Ok(sqlx::query(concat!(
-        "UPDATE outbox_evento SET reservado_por = NULL, reservado_ate = NULL WHERE ",
-        held_by!("$1", "$2")
-    ))
-    .bind(ids)
-    .bind(owner)
-    .execute(executor)
-    .await?
-    .rows_affected())
 }
 
 /// What one cycle did.
@@ -452,72 +231,6 @@ impl Relay {
         metrics::counter!("outbox_published_total", "database" => database).increment(marked);
     }
 
-    /// [`publish`] with the lease renewed every third of its length while answers are missing,
-    /// and at most `shutdown_grace` of waiting once `shutdown` is cancelled. Returns the
-    /// acknowledged ids; a row without an answer counts as not published (it may still reach
-    /// the broker from the producer's queue: then it is published twice, never lost).
-    async fn deliver(
-        &self,
-        connection: &mut PgConnection,
-        events: &[PendingEvent],
-        shutdown: &CancellationToken,
-    ) -> Vec<Uuid> {
-        let (owner, database, lease) = (self.instance, self.options.database, self.options.lease);
-        let records: Vec<OutgoingRecord> = events.iter().map(PendingEvent::record).collect();
-        // polled first in push order, so the records are enqueued in acceptance order
-        let mut sends: FuturesUnordered<_> = records
-            .iter()
-            .enumerate()
-            .map(|(index, record)| async move { (index, self.producer.send(record).await) })
-            .collect();
-        let mut acknowledged = Vec::with_capacity(events.len());
-        let mut answered = vec![false; events.len()];
-        let mut renewal = tokio::time::interval_at(tokio::time::Instant::now() + lease / 3, lease / 3);
-        renewal.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut give_up_at: Option<tokio::time::Instant> = None;
-        loop {
-            let give_up = async {
-                match give_up_at {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                biased;
-                next = sends.next() => {
-                    let Some((index, result)) = next else { break };
-                    answered[index] = true;
-                    if was_acknowledged(&events[index], result, database) {
-                        acknowledged.push(events[index].id);
-                    }
-                }
-                _ = shutdown.cancelled(), if give_up_at.is_none() => {
-                    give_up_at = Some(tokio::time::Instant::now() + self.options.shutdown_grace);
-                }
-                _ = give_up => {
-                    tracing::warn!(
-                        database,
-                        unanswered = answered.iter().filter(|answered| !**answered).count(),
-                        "outbox relay stopping: rows the broker has not acknowledged stay pending and are released"
-                    );
-                    break;
-                }
-                _ = renewal.tick() => {
-                    let waiting: Vec<Uuid> =
-                        events.iter().zip(&answered).filter(|(_, answered)| !**answered).map(|(event, _)| event.id).collect();
-                    if let Err(error) = renew(&mut *connection, owner, &waiting, lease).await {
-                        tracing::warn!(
-                            error = %kafka::consumer::error_chain(&error),
-                            database,
-                            "outbox lease not renewed: if it ends before the broker answers, another relay may publish the rows again"
-                        );
-                    }
-                }
-            }
-        }
-        acknowledged
-    }
-
     /// Deletes published rows older than the retention, a small batch at a time.
     pub async fn cleanup(&self, connection: &mut PgConnection) -> Result<u64, Error> {
         let retention_seconds = self.options.retention.as_secs_f64();
@@ -537,147 +250,5 @@ impl Relay {
                 return Ok(deleted);
             }
         }
-    }
-
-    /// Runs until `shutdown`: waits for leadership, then publishes; a lost database connection
-    /// drops leadership and the relay competes for it again. Returns at most `shutdown_grace`
-    /// plus [`SHUTDOWN_MARGIN`] after `shutdown`, whatever the broker and the database do: a
-    /// cycle cut short leaves its rows leased until their lease ends, never marked.
-    pub async fn run(self, shutdown: CancellationToken) {
-        let database = self.options.database;
-        let deadline = async {
-            shutdown.cancelled().await;
-            tokio::time::sleep(self.options.shutdown_grace + SHUTDOWN_MARGIN).await;
-        };
-        tokio::select! {
-            () = self.compete(&shutdown) => {}
-            () = deadline => tracing::warn!(
-                database,
-                "outbox relay stopped in the middle of a cycle: its leased rows are published when the lease ends"
-            ),
-        }
-    }
-
-    async fn compete(&self, shutdown: &CancellationToken) {
-        let database = self.options.database;
-        while !shutdown.is_cancelled() {
-            let Some(mut leader) = self.become_leader(shutdown).await else { return };
-            tracing::info!(database, instance = %self.instance, "outbox relay active");
-            match self.lead(&mut leader, shutdown).await {
-                Ok(()) => {
-                    drop(leader.close().await);
-                    return;
-                }
-                Err(error) => {
-                    tracing::warn!(error = %kafka::consumer::error_chain(&error), database, "outbox relay lost its connection; competing again");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return,
-                        _ = tokio::time::sleep(self.options.failure_backoff) => {}
-                    }
-                }
-            }
-        }
-    }
-
-    /// A dedicated connection holding the advisory lock (closing it releases the lock), or
-    /// `None` at shutdown. Each attempt connects where the pool's new connections go *now*:
-    /// after a failover the pool is pointed at the promoted server, and a copy taken before
-    /// would keep knocking on the dead one for ever while the outbox fills.
-    async fn become_leader(&self, shutdown: &CancellationToken) -> Option<PgConnection> {
-        let mut standby_logged = false;
-        loop {
-            let options: PgConnectOptions = (*self.pool.connect_options()).clone();
-            let attempt = async {
-                let mut connection = options.connect().await?;
-                let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
-                    .bind(LOCK_KEY)
-                    .fetch_one(&mut connection)
-                    .await?;
-                Ok::<_, sqlx::Error>(locked.then_some(connection))
-            };
-            match attempt.await {
-                Ok(Some(connection)) => return Some(connection),
-                Ok(None) if !standby_logged => {
-                    tracing::info!(
-                        database = self.options.database,
-                        "another outbox relay is active; standing by"
-                    );
-                    standby_logged = true;
-                }
-                Ok(None) => {}
-                Err(error) => {
-                    tracing::warn!(%error, database = self.options.database, "outbox relay cannot connect")
-                }
-            }
-            tokio::select! {
-                _ = shutdown.cancelled() => return None,
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-            }
-        }
-    }
-
-    async fn lead(&self, leader: &mut PgConnection, shutdown: &CancellationToken) -> Result<(), Error> {
-        let mut listener = if self.options.listen {
-            let mut listener = PgListener::connect_with(&self.pool).await?;
-            listener.listen(NOTIFY_CHANNEL).await?;
-            Some(listener)
-        } else {
-            None
-        };
-        let mut last_cleanup = Instant::now();
-        // published rows whose mark rides on the next cycle's claim
-        let mut acknowledged = Vec::new();
-        loop {
-            if shutdown.is_cancelled() {
-                self.mark_acknowledged(leader, &mut acknowledged).await?;
-                return Ok(());
-            }
-            let cycle = self.cycle_deferring_mark(leader, shutdown, &mut acknowledged).await?;
-            if last_cleanup.elapsed() >= self.options.cleanup_interval {
-                let deleted = self.cleanup(leader).await?;
-                if deleted > 0 {
-                    tracing::debug!(
-                        deleted,
-                        database = self.options.database,
-                        "published outbox rows deleted"
-                    );
-                }
-                last_cleanup = Instant::now();
-            }
-            let pause = if cycle.published < cycle.claimed {
-                self.options.failure_backoff
-            } else if self.options.drain_full_batches && cycle.claimed as i64 == self.options.batch_rows_max {
-                continue; // a full batch: more are probably waiting, and the next claim marks
-            } else if announced(&mut listener)? {
-                continue; // rows were committed meanwhile: the next claim takes them and marks
-            } else {
-                self.options.poll_interval
-            };
-            self.mark_acknowledged(leader, &mut acknowledged).await?;
-            tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => return Ok(()),
-                notification = wait_for_notification(&mut listener) => { notification?; }
-                _ = tokio::time::sleep(pause) => {}
-            }
-        }
-    }
-}
-
-/// Whether a `NOTIFY` already arrived (rows committed since the last wait), without waiting.
-fn announced(listener: &mut Option<PgListener>) -> Result<bool, Error> {
-    match listener.as_mut().and_then(|listener| listener.recv().now_or_never()) {
-        Some(notification) => notification.map(|_| true).map_err(Error::from),
-        None => Ok(false),
-    }
-}
-
-async fn wait_for_notification(listener: &mut Option<PgListener>) -> Result<(), Error> {
-    match listener {
-        Some(listener) => {
-            listener.recv().await?;
-            Ok(())
-        }
-        None => std::future::pending().await,
     }
 }

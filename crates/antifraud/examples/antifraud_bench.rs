@@ -85,7 +85,7 @@ async fn run(profile: Profile, backlog: usize, steady_seconds: u64) -> serde_jso
     let tracker = TaskTracker::new();
     antifraud::start(
         settings,
-        &telemetry::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
+        &service::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
     )
     .await
     .expect("start");

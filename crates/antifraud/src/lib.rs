@@ -21,12 +21,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use telemetry::supervisor::Supervisor;
+use service::{Shell, Supervisor};
 
 use contracts::topics;
 use kafka::config::{consumer_config, transactional_producer_config, OffsetCommit};
 use kafka::producer::Producer;
-use kafka::{KafkaArgs, Profile, TopicArgs};
+use kafka::Profile;
 
 /// Options of `pagamentos antifraude`.
 #[derive(Debug, Clone, clap::Args)]
@@ -102,21 +102,9 @@ impl TransactionalClient {
     }
 }
 
-/// Everything a running antifraud service needs.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    pub args: AntifraudArgs,
-    /// Who may read `/readyz`'s detail: the admin token, or everyone with `--insecure-no-auth`.
-    pub auth: telemetry::health::HealthAuthArgs,
-    pub kafka: KafkaArgs,
-    pub topics: TopicArgs,
-    pub profile: Profile,
-    /// `/metrics` on the health port (the default), or on the process's own metrics listener.
-    pub metrics: telemetry::health::MetricsRoute,
-    /// The producer to publish with when the process shares one between its services
-    /// (`pagamentos all`); `None`: the service builds its own, named after itself.
-    pub producer: Option<Producer>,
-}
+/// Everything a running antifraud service needs; `auth` says who may read `/readyz`'s detail
+/// (the admin token, or everyone with `--insecure-no-auth`).
+pub type Settings = service::Settings<AntifraudArgs, telemetry::health::HealthAuthArgs>;
 
 /// The host name, for the default instance id.
 fn host_name() -> String {
@@ -128,13 +116,40 @@ fn host_name() -> String {
         .unwrap_or_else(|| "local".into())
 }
 
+/// antifraude as `pagamentos antifraude` and `pagamentos all` start it.
+#[derive(Debug, Clone, Copy)]
+pub struct Antifraud;
+
+impl service::Service for Antifraud {
+    const NAME: &'static str = "antifraude";
+    const LISTEN_VARIABLE: &'static str = "ANTIFRAUDE_LISTEN";
+    type Args = AntifraudArgs;
+    type Auth = telemetry::health::HealthAuthArgs;
+    type Error = Error;
+
+    fn listen(args: &AntifraudArgs) -> SocketAddr {
+        args.listen
+    }
+
+    fn databases(_args: &AntifraudArgs) -> Vec<(&'static str, String)> {
+        Vec::new()
+    }
+
+    fn start(
+        settings: Settings,
+        supervisor: &Supervisor,
+    ) -> impl std::future::Future<Output = Result<SocketAddr, Error>> {
+        start(settings, supervisor)
+    }
+}
+
 /// Makes sure the topics exist, then spawns the transactional consumer loop and the health
 /// routes on `supervisor`, each a named critical task. Returns the health address.
 pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<SocketAddr, Error> {
-    let shutdown = supervisor.shutdown_token();
     let Settings { args, auth, kafka, topics: topic_args, profile, metrics, producer } = settings;
     let detail = auth.resolve("antifraude")?;
-    kafka_admin::topics::ensure_at_start(&kafka, &topic_args).await?;
+    let shell = Shell::begin("antifraude", supervisor, &kafka, &topic_args).await?;
+    let shutdown = shell.shutdown();
     let instance = args.instance_id.clone().unwrap_or_else(host_name);
     let transactional_id = format!("{}{instance}", args.transactional_id_prefix);
     let group = kafka.group(topics::groups::ANTIFRAUD);
@@ -154,10 +169,7 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
                     profile.transaction_linger(),
                 ),
             );
-            supervisor.spawn(
-                "antifraude/lag-gauges",
-                kafka::lag::report(consumer, group.clone(), shutdown.clone()),
-            );
+            shell.spawn("lag-gauges", kafka::lag::report(consumer, group.clone(), shutdown.clone()));
             Loop::Librdkafka(client)
         }
         TransactionalClient::Confluent => {
@@ -189,27 +201,12 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
     let probe = Producer::shared_or_own(producer, &kafka, "antifraude-health", profile.linger())?;
     let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> =
         vec![Arc::new(kafka::health::KafkaReady::new(probe, input.clone()))];
-    let readiness = telemetry::health::Readiness::new(checks, detail)
-        .with_warnings(auth.warnings())
-        .supervised_by(supervisor);
+    let readiness = shell.readiness(checks, detail, auth.warnings());
     let app = telemetry::health::router(readiness, metrics);
-    // after the recorder is installed (with the router above), before /readyz answers
-    kafka::alerting::export_at_zero(std::slice::from_ref(&input), std::slice::from_ref(&input));
-    let (bound, serve) =
-        telemetry::server::bind("antifraude health", args.listen, app, shutdown.clone().cancelled_owned())
-            .await
-            .map_err(|source| Error::Bind { address: args.listen.to_string(), source })?;
-    supervisor.spawn("antifraude/http", serve);
-    supervisor.spawn(
-        "antifraude/dlt-gauges",
-        kafka_admin::dlt::report_retained(
-            kafka.clone(),
-            vec![topics::dead_letter_topic(&input)],
-            kafka::lag::REFRESH_INTERVAL,
-            shutdown.clone(),
-        ),
-    );
-    supervisor.spawn_fallible("antifraude/analysis", async move {
+    let inputs = std::slice::from_ref(&input);
+    let bound = shell.serve("antifraude health", args.listen, app, inputs, inputs).await?;
+    shell.report_dead_letters(inputs);
+    shell.spawn_fallible("analysis", async move {
         match client {
             Loop::Librdkafka(mut client) => {
                 kafka::exactly_once::run(&mut client, &analyser, &options, &shutdown).await
@@ -238,12 +235,8 @@ pub enum Error {
     Kafka(#[from] kafka::Error),
     #[error(transparent)]
     Auth(#[from] telemetry::health::HealthAuthError),
-    #[error("cannot listen on {address}")]
-    Bind {
-        address: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Shell(#[from] service::Error),
 }
 
 #[cfg(test)]

@@ -55,7 +55,7 @@ async fn start(topics: &TestTopics, instance: &str) -> Running {
     let tracker = TaskTracker::new();
     antifraud::start(
         settings,
-        &telemetry::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
+        &service::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
     )
     .await
     .expect("antifraude starts");

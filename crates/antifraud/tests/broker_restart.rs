@@ -43,7 +43,7 @@ async fn a_broker_restart_mid_stream_loses_and_doubles_nothing() {
     let tracker = TaskTracker::new();
     antifraud::start(
         settings,
-        &telemetry::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
+        &service::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
     )
     .await
     .expect("antifraude starts");

@@ -145,12 +145,9 @@ async fn run(profile: Profile, scenario: Scenario, backlog: usize, accounts: usi
     };
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
-    ledger::start(
-        settings,
-        &telemetry::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
-    )
-    .await
-    .expect("start");
+    ledger::start(settings, &service::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()))
+        .await
+        .expect("start");
 
     const DECIDED: &str = "SELECT count(*) FROM transferencia_processada";
     while count(pool, DECIDED).await == 0 {

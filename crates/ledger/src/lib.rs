@@ -38,14 +38,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use telemetry::supervisor::Supervisor;
+use service::{Shell, Supervisor};
 
 use contracts::topics;
 use kafka::config::{consumer_config, OffsetCommit};
 use kafka::consumer::{Backoff, LoopOptions};
 use kafka::dead_letter::DeadLetterPublisher;
 use kafka::producer::Producer;
-use kafka::{KafkaArgs, Profile, TopicArgs};
+use kafka::Profile;
 use outbox::relay::{Relay, RelayOptions};
 
 pub use error::{Error, StoreError};
@@ -211,20 +211,35 @@ impl LedgerArgs {
     }
 }
 
-/// Everything a running ledger needs.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    pub args: LedgerArgs,
-    /// Bearer tokens, or `--insecure-no-auth` (the service refuses to start with neither).
-    pub auth: web::AuthArgs,
-    pub kafka: KafkaArgs,
-    pub topics: TopicArgs,
-    pub profile: Profile,
-    /// `/metrics` on the API's port (the default), or on the process's own metrics listener.
-    pub metrics: telemetry::health::MetricsRoute,
-    /// The producer to publish with when the process shares one between its services
-    /// (`pagamentos all`); `None`: the service builds its own, named after itself.
-    pub producer: Option<Producer>,
+/// Everything a running ledger needs; `auth`: bearer tokens, or `--insecure-no-auth` (the
+/// service refuses to start with neither).
+pub type Settings = service::Settings<LedgerArgs, web::AuthArgs>;
+
+/// ledger as `pagamentos ledger` and `pagamentos all` start it.
+#[derive(Debug, Clone, Copy)]
+pub struct Ledger;
+
+impl service::Service for Ledger {
+    const NAME: &'static str = "ledger";
+    const LISTEN_VARIABLE: &'static str = "LEDGER_LISTEN";
+    type Args = LedgerArgs;
+    type Auth = web::AuthArgs;
+    type Error = Error;
+
+    fn listen(args: &LedgerArgs) -> SocketAddr {
+        args.listen
+    }
+
+    fn databases(args: &LedgerArgs) -> Vec<(&'static str, String)> {
+        vec![("LEDGER_DATABASE_URL", args.database_url.clone())]
+    }
+
+    fn start(
+        settings: Settings,
+        supervisor: &Supervisor,
+    ) -> impl std::future::Future<Output = Result<SocketAddr, Error>> {
+        start(settings, supervisor)
+    }
 }
 
 /// Connects, migrates, makes sure the topics exist, then spawns the accounts API, the settler,
@@ -233,7 +248,6 @@ pub struct Settings {
 /// shutdown token is cancelled: the API drains its requests, the settler finishes (and
 /// commits) the batch in hand, the relay its batch.
 pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<SocketAddr, Error> {
-    let shutdown = supervisor.shutdown_token();
     let Settings { args, auth, kafka, topics: topic_args, profile, metrics, producer } = settings;
     // before anything else: a service that would let anyone create money does not start
     let tokens = auth.resolve("ledger")?;
@@ -244,7 +258,8 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
     // writes it here too: the ledger never reads the transfers database)
     let tokens = tokens.with_clients(Arc::new(api_clients::Directory::new(pool.clone(), "ledger")));
 
-    kafka_admin::topics::ensure_at_start(&kafka, &topic_args).await?;
+    let shell = Shell::begin("ledger", supervisor, &kafka, &topic_args).await?;
+    let shutdown = shell.shutdown();
 
     let group = kafka.group(topics::groups::LEDGER);
     let input = kafka.topic(topics::ANALYSED);
@@ -254,29 +269,26 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
         Arc::new(database::health::DatabaseReady::new(pool.clone())),
         Arc::new(kafka::health::KafkaReady::new(producer.clone(), input.clone())),
     ];
-    let readiness = telemetry::health::Readiness::new(checks, tokens.readiness_detail())
-        .with_warnings(tokens.warnings().into_iter().chain(owner).collect())
-        .supervised_by(supervisor);
+    let readiness = shell.readiness(
+        checks,
+        tokens.readiness_detail(),
+        tokens.warnings().into_iter().chain(owner).collect(),
+    );
     let app = api::router(state).merge(telemetry::health::router(readiness, metrics));
-    // after the recorder is installed (with the router above), before /readyz answers
-    kafka::alerting::export_at_zero(std::slice::from_ref(&input), std::slice::from_ref(&input));
-    let (bound, serve) =
-        telemetry::server::bind("ledger API", args.listen, app, shutdown.clone().cancelled_owned())
-            .await
-            .map_err(|source| Error::Bind { address: args.listen.to_string(), source })?;
-    supervisor.spawn("ledger/http", serve);
+    let inputs = std::slice::from_ref(&input);
+    let bound = shell.serve("ledger API", args.listen, app, inputs, inputs).await?;
 
     let mut relay_options = match profile {
         Profile::Fast => RelayOptions::fast("ledger"),
         Profile::Reference => RelayOptions::reference("ledger"),
     };
     relay_options.retention = Duration::from_secs(args.outbox_retention_seconds);
-    supervisor.spawn(
-        "ledger/outbox-relay",
+    shell.spawn(
+        "outbox-relay",
         Relay::new(pool.clone(), producer.clone(), relay_options).run(shutdown.clone()),
     );
-    supervisor.spawn(
-        "ledger/outbox-gauges",
+    shell.spawn(
+        "outbox-gauges",
         outbox::metrics::run(pool.clone(), "ledger", outbox::metrics::Backlog::default(), shutdown.clone()),
     );
 
@@ -284,17 +296,8 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
         &consumer_config(&kafka, "ledger", &group, OffsetCommit::StoredAfterHandling),
         &[&input],
     )?;
-    supervisor
-        .spawn("ledger/lag-gauges", kafka::lag::report(consumer.clone(), group.clone(), shutdown.clone()));
-    supervisor.spawn(
-        "ledger/dlt-gauges",
-        kafka_admin::dlt::report_retained(
-            kafka.clone(),
-            vec![topics::dead_letter_topic(&input)],
-            kafka::lag::REFRESH_INTERVAL,
-            shutdown.clone(),
-        ),
-    );
+    shell.spawn("lag-gauges", kafka::lag::report(consumer.clone(), group.clone(), shutdown.clone()));
+    shell.report_dead_letters(inputs);
     let retry = args.retry_policy();
     tracing::info!(
         group,
@@ -317,8 +320,7 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
         dead_letters: Some(DeadLetterPublisher::new(producer, group)),
         ..LoopOptions::default()
     };
-    supervisor
-        .spawn_fallible("ledger/settler", kafka::consumer::run(consumer, settler, loop_options, shutdown));
+    shell.spawn_fallible("settler", kafka::consumer::run(consumer, settler, loop_options, shutdown));
     Ok(bound)
 }
 

@@ -27,7 +27,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use telemetry::supervisor::Supervisor;
+use service::{Shell, Supervisor};
 
 use contracts::topics;
 use kafka::config::{consumer_config, OffsetCommit};
@@ -131,50 +131,36 @@ fn parse_webhook_url(text: &str) -> Result<reqwest::Url, String> {
     }
 }
 
-/// Everything a running notifications service needs.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    pub args: NotificationsArgs,
-    /// Who may read `/readyz`'s detail: the admin token, or everyone with `--insecure-no-auth`.
-    pub auth: telemetry::health::HealthAuthArgs,
-    pub kafka: KafkaArgs,
-    pub topics: TopicArgs,
-    pub profile: Profile,
-    /// `/metrics` on the health port (the default), or on the process's own metrics listener.
-    pub metrics: telemetry::health::MetricsRoute,
-    /// The producer to publish with when the process shares one between its services
-    /// (`pagamentos all`); `None`: the service builds its own, named after itself.
-    pub producer: Option<Producer>,
-}
+/// Everything a running notifications service needs; `auth` says who may read `/readyz`'s detail
+/// (the admin token, or everyone with `--insecure-no-auth`).
+pub type Settings = service::Settings<NotificationsArgs, telemetry::health::HealthAuthArgs>;
 
-impl Settings {
-    /// The settings of a test or a benchmark: an ephemeral health port, webhook `url` signed
-    /// with `secret` (5 s time-out, 16 at once, retry topics), `partitions` partitions on one
-    /// replica, the fast profile, no admin token (`/readyz` answers its status line only),
-    /// `/metrics` on the health port. Every field is public: a case changes what it is about.
-    pub fn for_tests(
-        kafka: KafkaArgs,
-        url: reqwest::Url,
-        secret: impl Into<String>,
-        partitions: i32,
-    ) -> Self {
-        Self {
-            args: NotificationsArgs {
-                listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-                webhook_url: Some(url),
-                webhook_secret: Some(secret.into()),
-                webhook_unsigned: false,
-                webhook_timeout_ms: 5_000,
-                concurrency: 16,
-                consumption: Consumption::RetryTopics,
-            },
-            auth: telemetry::health::HealthAuthArgs::default(),
-            kafka,
-            topics: TopicArgs { partitions, replicas: 1 },
-            profile: Profile::Fast,
-            metrics: telemetry::health::MetricsRoute::ServicePort,
-            producer: None,
-        }
+/// The settings of a test or a benchmark: an ephemeral health port, webhook `url` signed with
+/// `secret` (5 s time-out, 16 at once, retry topics), `partitions` partitions on one replica, the
+/// fast profile, no admin token (`/readyz` answers its status line only), `/metrics` on the
+/// health port. Every field is public: a case changes what it is about.
+pub fn settings_for_tests(
+    kafka: KafkaArgs,
+    url: reqwest::Url,
+    secret: impl Into<String>,
+    partitions: i32,
+) -> Settings {
+    Settings {
+        args: NotificationsArgs {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            webhook_url: Some(url),
+            webhook_secret: Some(secret.into()),
+            webhook_unsigned: false,
+            webhook_timeout_ms: 5_000,
+            concurrency: 16,
+            consumption: Consumption::RetryTopics,
+        },
+        auth: telemetry::health::HealthAuthArgs::default(),
+        kafka,
+        topics: TopicArgs { partitions, replicas: 1 },
+        profile: Profile::Fast,
+        metrics: telemetry::health::MetricsRoute::ServicePort,
+        producer: None,
     }
 }
 
@@ -183,11 +169,37 @@ pub fn chain() -> Chain {
     Chain { delays_ms: topics::RETRY_DELAYS_MS.to_vec() }
 }
 
+/// notificacoes as `pagamentos notificacoes` and `pagamentos all` start it.
+#[derive(Debug, Clone, Copy)]
+pub struct Notifications;
+
+impl service::Service for Notifications {
+    const NAME: &'static str = "notificacoes";
+    const LISTEN_VARIABLE: &'static str = "NOTIFICACOES_LISTEN";
+    type Args = NotificationsArgs;
+    type Auth = telemetry::health::HealthAuthArgs;
+    type Error = Error;
+
+    fn listen(args: &NotificationsArgs) -> SocketAddr {
+        args.listen
+    }
+
+    fn databases(_args: &NotificationsArgs) -> Vec<(&'static str, String)> {
+        Vec::new()
+    }
+
+    fn start(
+        settings: Settings,
+        supervisor: &Supervisor,
+    ) -> impl std::future::Future<Output = Result<SocketAddr, Error>> {
+        start(settings, supervisor)
+    }
+}
+
 /// Makes sure the topics exist, then spawns the four stage consumers, the lag and
 /// dead-letter gauges and the health routes on `supervisor`, each a named critical task.
 /// Returns the health address.
 pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<SocketAddr, Error> {
-    let shutdown = supervisor.shutdown_token();
     let Settings { args, auth, kafka, topics: topic_args, profile, metrics, producer } = settings;
     // before anything else: who may read /readyz's detail (refused with both a token and
     // --insecure-no-auth), and a webhook nobody can authenticate is sent only when asked for
@@ -212,7 +224,8 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
             None
         }
     };
-    kafka_admin::topics::ensure_at_start(&kafka, &topic_args).await?;
+    let shell = Shell::begin("notificacoes", supervisor, &kafka, &topic_args).await?;
+    let shutdown = shell.shutdown();
     let bases: Vec<String> = topics::RETRIED_TOPICS.iter().map(|topic| kafka.topic(topic)).collect();
     let consumed: Vec<String> = chain()
         .stages(&bases, "")
@@ -231,28 +244,21 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
     let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> =
         vec![Arc::new(kafka::health::KafkaReady::new(producer.clone(), bases[0].clone()))];
     warnings.extend(auth.warnings());
-    let readiness =
-        telemetry::health::Readiness::new(checks, detail).with_warnings(warnings).supervised_by(supervisor);
+    let readiness = shell.readiness(checks, detail, warnings);
     let app = telemetry::health::router(readiness, metrics);
-    // after the recorder is installed (with the router above), before /readyz answers
-    kafka::alerting::export_at_zero(&consumed, &bases);
-    let (bound, serve) =
-        telemetry::server::bind("notificacoes health", args.listen, app, shutdown.clone().cancelled_owned())
-            .await
-            .map_err(|source| Error::Bind { address: args.listen.to_string(), source })?;
-    supervisor.spawn("notificacoes/http", serve);
+    let bound = shell.serve("notificacoes health", args.listen, app, &consumed, &bases).await?;
 
     for stage in stages {
         let name = match stage.attempt {
-            1 => "notificacoes/main".to_owned(),
-            attempt => format!("notificacoes/retry-{}", chain.delays_ms[attempt as usize - 2]),
+            1 => "main".to_owned(),
+            attempt => format!("retry-{}", chain.delays_ms[attempt as usize - 2]),
         };
         let consumer = kafka::consumer::subscribe(
             &consumer_config(&kafka, "notificacoes", &stage.group, OffsetCommit::StoredAfterHandling),
             &stage.topics(),
         )?;
-        supervisor.spawn(
-            format!("{name}-lag-gauges"),
+        shell.spawn(
+            &format!("{name}-lag-gauges"),
             kafka::lag::report(consumer.clone(), stage.group.clone(), shutdown.clone()),
         );
         let run = kafka::retry_topic::run(
@@ -264,7 +270,7 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
             options.clone(),
             shutdown.clone(),
         );
-        supervisor.spawn_fallible(name, run);
+        shell.spawn_fallible(&name, run);
     }
     if args.consumption == Consumption::ShareGroup {
         let settings = share_group::ShareGroupSettings {
@@ -277,16 +283,7 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
         };
         share_group::start(settings, supervisor).await?;
     }
-    let dead_letter_topics = bases.iter().map(|base| topics::dead_letter_topic(base)).collect();
-    supervisor.spawn(
-        "notificacoes/dlt-gauges",
-        kafka_admin::dlt::report_retained(
-            kafka.clone(),
-            dead_letter_topics,
-            kafka::lag::REFRESH_INTERVAL,
-            shutdown.clone(),
-        ),
-    );
+    shell.report_dead_letters(&bases);
     tracing::info!(webhook = ?args.webhook_url.as_ref().map(redacted), "notificacoes started");
     Ok(bound)
 }
@@ -394,10 +391,6 @@ pub enum Error {
     ShareGroup(#[from] share_group::Error),
     #[error("cannot sign webhooks: {0}")]
     Signing(String),
-    #[error("cannot listen on {address}")]
-    Bind {
-        address: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Shell(#[from] service::Error),
 }

@@ -37,13 +37,13 @@ impl Running {
         let topics = TestTopics::plan(3).await;
         let (receiver, url) = Receiver::start().await;
         let mut settings =
-            notifications::Settings::for_tests(topics.args.clone(), url.parse().expect("url"), SECRET, 3);
+            notifications::settings_for_tests(topics.args.clone(), url.parse().expect("url"), SECRET, 3);
         settings.args.webhook_timeout_ms = timeout_ms;
         let shutdown = CancellationToken::new();
         let tracker = TaskTracker::new();
         let health = notifications::start(
             settings,
-            &telemetry::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
+            &service::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
         )
         .await
         .expect("start");

@@ -55,7 +55,7 @@ impl Service {
         consumption: notifications::Consumption,
     ) -> Self {
         let mut settings =
-            notifications::Settings::for_tests(args.clone(), url.parse().expect("url"), SECRET, partitions);
+            notifications::settings_for_tests(args.clone(), url.parse().expect("url"), SECRET, partitions);
         settings.args.webhook_timeout_ms = timeout_ms;
         settings.args.concurrency = members;
         settings.args.consumption = consumption;
@@ -63,7 +63,7 @@ impl Service {
         let tracker = TaskTracker::new();
         let health = notifications::start(
             settings,
-            &telemetry::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
+            &service::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
         )
         .await
         .expect("start");

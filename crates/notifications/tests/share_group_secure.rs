@@ -24,7 +24,7 @@ async fn as_its_own_user_over_sasl_ssl_the_share_group_delivers_and_dead_letters
     let (receiver, url) = Receiver::start().await;
     let mut args = secure::args("notificacoes");
     args.topic_prefix = topics.args.topic_prefix.clone();
-    let mut settings = notifications::Settings::for_tests(args, url.parse().expect("url"), "s3cr3t", 1);
+    let mut settings = notifications::settings_for_tests(args, url.parse().expect("url"), "s3cr3t", 1);
     settings.args.webhook_timeout_ms = 2_000;
     settings.args.concurrency = 2;
     settings.args.consumption = notifications::Consumption::ShareGroup;
@@ -32,7 +32,7 @@ async fn as_its_own_user_over_sasl_ssl_the_share_group_delivers_and_dead_letters
     let tracker = TaskTracker::new();
     notifications::start(
         settings,
-        &telemetry::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
+        &service::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
     )
     .await
     .expect("notificacoes starts as its own user, its share group configured");

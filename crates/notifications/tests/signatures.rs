@@ -42,13 +42,13 @@ async fn deliveries_verify_with_the_standard_webhooks_reference_library() {
     let key: Vec<u8> = Uuid::new_v4().as_bytes().iter().chain(Uuid::new_v4().as_bytes()).copied().collect();
     let secret = format!("whsec_{}", base64::engine::general_purpose::STANDARD.encode(key));
     let mut settings =
-        notifications::Settings::for_tests(topics.args.clone(), url.parse().expect("url"), secret.clone(), 1);
+        notifications::settings_for_tests(topics.args.clone(), url.parse().expect("url"), secret.clone(), 1);
     settings.args.concurrency = 4;
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
     notifications::start(
         settings,
-        &telemetry::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
+        &service::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
     )
     .await
     .expect("start");

@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use telemetry::supervisor::Supervisor;
+use service::supervisor::Supervisor;
 
 pub async fn run(args: loadgen::LoadgenArgs) -> anyhow::Result<ExitCode> {
     // ctrl-c ends the sending; what was accepted is still waited for and reported

@@ -4,7 +4,7 @@
 //! - [`database`]: the two database URLs and a bounded-time connection.
 //! - [`migrate`]: `pagamentos migrate`, both databases' embedded migrations.
 //! - [`topics`]: `pagamentos topics`, create or verify every topic.
-//! - [`services`]: the service subcommands on the supervised shell (`telemetry::supervisor`):
+//! - [`services`]: the service subcommands on the supervised shell (`service::supervisor`):
 //!   start, wait for a signal or a stopped task, drain, exit status.
 //! - [`replication`]: the replication floor (3, or an explicit opt-in below it).
 //! - [`verify`]: `pagamentos verify`, the books against the contract's invariants.
@@ -192,15 +192,15 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Transfers(args) => services::transfers(args).await,
-            Command::Antifraud(args) => services::antifraud(args).await,
+            Command::Transfers(args) => services::run::<transfers::Transfers>(args).await,
+            Command::Antifraud(args) => services::run::<antifraud::Antifraud>(args).await,
             Command::Migrate(args) => migrate::run(args).await,
             Command::Topics(args) => topics::run(args).await,
-            Command::Ledger(args) => services::ledger(args).await,
+            Command::Ledger(args) => services::run::<ledger::Ledger>(args).await,
             Command::Verify(args) => verify::run(args).await,
             Command::Republish(args) => republish::run(args).await,
             Command::Clients(args) => clients::run(args).await,
-            Command::Notifications(args) => services::notifications(args).await,
+            Command::Notifications(args) => services::run::<notifications::Notifications>(args).await,
             Command::All(args) => services::all(*args).await,
             Command::Dlt(args) => dlt::run(args).await,
             Command::Loadgen(args) => load::run(*args).await,

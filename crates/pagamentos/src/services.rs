@@ -4,7 +4,8 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use telemetry::supervisor::{Drained, Supervisor};
+use service::supervisor::{Drained, Supervisor};
+use service::Service;
 
 use kafka::config::producer_config;
 use kafka::producer::Producer;
@@ -87,55 +88,25 @@ fn metrics_listen_conflict(
     ))
 }
 
+/// `pagamentos <service>`: the service's own options, its auth settings and the common ones.
 #[derive(Debug, clap::Args)]
-pub struct TransfersCommand {
+pub struct ServiceCommand<Args: clap::Args, Auth: clap::Args> {
     #[command(flatten)]
-    transfers: transfers::TransfersArgs,
+    args: Args,
 
+    /// Bearer tokens (an API), or the admin token that shows `/readyz`'s detail.
     #[command(flatten)]
-    auth: web::AuthArgs,
+    auth: Auth,
 
     #[command(flatten)]
     common: CommonArgs,
 }
 
-#[derive(Debug, clap::Args)]
-pub struct AntifraudCommand {
-    #[command(flatten)]
-    antifraud: antifraud::AntifraudArgs,
-
-    /// The admin token that shows `/readyz`'s detail.
-    #[command(flatten)]
-    auth: telemetry::health::HealthAuthArgs,
-
-    #[command(flatten)]
-    common: CommonArgs,
-}
-
-#[derive(Debug, clap::Args)]
-pub struct LedgerCommand {
-    #[command(flatten)]
-    ledger: ledger::LedgerArgs,
-
-    #[command(flatten)]
-    auth: web::AuthArgs,
-
-    #[command(flatten)]
-    common: CommonArgs,
-}
-
-#[derive(Debug, clap::Args)]
-pub struct NotificationsCommand {
-    #[command(flatten)]
-    notifications: notifications::NotificationsArgs,
-
-    /// The admin token that shows `/readyz`'s detail.
-    #[command(flatten)]
-    auth: telemetry::health::HealthAuthArgs,
-
-    #[command(flatten)]
-    common: CommonArgs,
-}
+pub type TransfersCommand = ServiceCommand<transfers::TransfersArgs, web::AuthArgs>;
+pub type AntifraudCommand = ServiceCommand<antifraud::AntifraudArgs, telemetry::health::HealthAuthArgs>;
+pub type LedgerCommand = ServiceCommand<ledger::LedgerArgs, web::AuthArgs>;
+pub type NotificationsCommand =
+    ServiceCommand<notifications::NotificationsArgs, telemetry::health::HealthAuthArgs>;
 
 /// `pagamentos all`: every service's options, one set of common ones.
 #[derive(Debug, clap::Args)]
@@ -205,7 +176,7 @@ where
         let app = telemetry::health::metrics_router(telemetry::metrics::install());
         let shutdown = supervisor.shutdown_token().cancelled_owned();
         let (_, serve_metrics) =
-            telemetry::server::bind("metrics", address, app, shutdown).await.with_context(|| {
+            service::server::bind("metrics", address, app, shutdown).await.with_context(|| {
                 format!(
                     "pagamentos {name} did not start: cannot listen on {address} (PAGAMENTOS_METRICS_LISTEN)"
                 )
@@ -229,82 +200,32 @@ where
     }
 }
 
-pub async fn transfers(command: TransfersCommand) -> anyhow::Result<ExitCode> {
-    let warnings = command.common.check(
-        "transferencias",
-        &[("TRANSFERENCIAS_DATABASE_URL", command.transfers.database_url.as_str())],
-    )?;
-    let metrics_listen = command.common.metrics_listen;
-    let listens = [("transferencias", "TRANSFERENCIAS_LISTEN", command.transfers.listen)];
-    let settings = transfers::Settings {
-        metrics: command.common.metrics_route(),
-        args: command.transfers,
-        auth: command.auth,
-        kafka: command.common.kafka,
-        topics: command.common.topics,
-        profile: command.common.profile,
+/// `pagamentos <service>`: the checks every service starts with, then the service `S` on the
+/// one shell ([`serve`]).
+pub async fn run<S>(command: ServiceCommand<S::Args, S::Auth>) -> anyhow::Result<ExitCode>
+where
+    S: Service,
+    S::Args: clap::Args,
+    S::Auth: clap::Args,
+{
+    let ServiceCommand { args, auth, common } = command;
+    let databases = S::databases(&args);
+    let urls: Vec<(&'static str, &str)> =
+        databases.iter().map(|(setting, url)| (*setting, url.as_str())).collect();
+    let warnings = common.check(S::NAME, &urls)?;
+    let metrics_listen = common.metrics_listen;
+    let listens = [(S::NAME, S::LISTEN_VARIABLE, S::listen(&args))];
+    let settings = service::Settings {
+        metrics: common.metrics_route(),
+        args,
+        auth,
+        kafka: common.kafka,
+        topics: common.topics,
+        profile: common.profile,
         producer: None,
     };
-    serve("transferencias", metrics_listen, &listens, warnings, |supervisor| async move {
-        transfers::start(settings, &supervisor).await
-    })
-    .await
-}
-
-pub async fn antifraud(command: AntifraudCommand) -> anyhow::Result<ExitCode> {
-    let warnings = command.common.check("antifraude", &[])?;
-    let metrics_listen = command.common.metrics_listen;
-    let listens = [("antifraude", "ANTIFRAUDE_LISTEN", command.antifraud.listen)];
-    let settings = antifraud::Settings {
-        metrics: command.common.metrics_route(),
-        args: command.antifraud,
-        auth: command.auth,
-        kafka: command.common.kafka,
-        topics: command.common.topics,
-        profile: command.common.profile,
-        producer: None,
-    };
-    serve("antifraude", metrics_listen, &listens, warnings, |supervisor| async move {
-        antifraud::start(settings, &supervisor).await
-    })
-    .await
-}
-
-pub async fn ledger(command: LedgerCommand) -> anyhow::Result<ExitCode> {
-    let warnings =
-        command.common.check("ledger", &[("LEDGER_DATABASE_URL", command.ledger.database_url.as_str())])?;
-    let metrics_listen = command.common.metrics_listen;
-    let listens = [("ledger", "LEDGER_LISTEN", command.ledger.listen)];
-    let settings = ledger::Settings {
-        metrics: command.common.metrics_route(),
-        args: command.ledger,
-        auth: command.auth,
-        kafka: command.common.kafka,
-        topics: command.common.topics,
-        profile: command.common.profile,
-        producer: None,
-    };
-    serve("ledger", metrics_listen, &listens, warnings, |supervisor| async move {
-        ledger::start(settings, &supervisor).await
-    })
-    .await
-}
-
-pub async fn notifications(command: NotificationsCommand) -> anyhow::Result<ExitCode> {
-    let warnings = command.common.check("notificacoes", &[])?;
-    let metrics_listen = command.common.metrics_listen;
-    let listens = [("notificacoes", "NOTIFICACOES_LISTEN", command.notifications.listen)];
-    let settings = notifications::Settings {
-        metrics: command.common.metrics_route(),
-        args: command.notifications,
-        auth: command.auth,
-        kafka: command.common.kafka,
-        topics: command.common.topics,
-        profile: command.common.profile,
-        producer: None,
-    };
-    serve("notificacoes", metrics_listen, &listens, warnings, |supervisor| async move {
-        notifications::start(settings, &supervisor).await
+    serve(S::NAME, metrics_listen, &listens, warnings, |supervisor| async move {
+        S::start(settings, &supervisor).await
     })
     .await
 }

@@ -26,8 +26,6 @@ use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 use subtle::ConstantTimeEq;
 
-use crate::supervisor::Supervisor;
-
 /// How long one readiness check may take before it counts as failed.
 pub const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -177,7 +175,7 @@ pub struct Readiness {
     checks: Arc<Vec<Arc<dyn ReadinessCheck>>>,
     detail: ReadinessDetail,
     warnings: Arc<Vec<String>>,
-    supervisor: Option<Supervisor>,
+    supervisor: Option<Arc<dyn Supervision>>,
 }
 
 impl std::fmt::Debug for Readiness {
@@ -206,11 +204,21 @@ impl Readiness {
 
     /// For a service run by `supervisor`: also `503` with a `task <name> stopped: <why>` line
     /// per task that stopped on its own, and a `shutting down` line once the shutdown began;
-    /// the process's warnings ([`Supervisor::report_warnings`]) after the service's own.
-    pub fn supervised_by(mut self, supervisor: &Supervisor) -> Self {
-        self.supervisor = Some(supervisor.clone());
+    /// the process's warnings after the service's own.
+    pub fn supervised_by<S: Supervision + Clone + 'static>(mut self, supervisor: &S) -> Self {
+        self.supervisor = Some(Arc::new(supervisor.clone()));
         self
     }
+}
+
+/// What `/readyz` reads of the process's task supervisor (`service::supervisor::Supervisor`).
+pub trait Supervision: Send + Sync {
+    /// A `task <name> stopped: <why>` line per critical task that stopped on its own.
+    fn stopped(&self) -> Vec<String>;
+    /// Whether the shutdown began.
+    fn is_shutting_down(&self) -> bool;
+    /// The process's warnings (insecure settings allowed at start).
+    fn warnings(&self) -> Vec<String>;
 }
 
 /// `/healthz` and `/readyz`, and `/metrics` when `metrics` says it is served on the service's
@@ -293,7 +301,8 @@ async fn readyz(State(readiness): State<Readiness>, headers: HeaderMap) -> Respo
         (true, false) => (StatusCode::OK, "ready\n".to_owned()),
         (false, false) => (StatusCode::SERVICE_UNAVAILABLE, "not ready\n".to_owned()),
         (ready, true) => {
-            let process = readiness.supervisor.as_ref().map(Supervisor::warnings).unwrap_or_default();
+            let process =
+                readiness.supervisor.as_ref().map(|supervisor| supervisor.warnings()).unwrap_or_default();
             let warnings: String = readiness
                 .warnings
                 .iter()
@@ -458,18 +467,41 @@ mod tests {
         assert!(body.contains("hangs: no answer"), "{body}");
     }
 
+    /// A task supervisor as `/readyz` reads it.
+    #[derive(Clone, Default)]
+    struct Tasks(Arc<std::sync::Mutex<TaskState>>);
+
+    #[derive(Default)]
+    struct TaskState {
+        stopped: Vec<String>,
+        shutting_down: bool,
+        warnings: Vec<String>,
+    }
+
+    impl Supervision for Tasks {
+        fn stopped(&self) -> Vec<String> {
+            self.0.lock().expect("tasks").stopped.clone()
+        }
+        fn is_shutting_down(&self) -> bool {
+            self.0.lock().expect("tasks").shutting_down
+        }
+        fn warnings(&self) -> Vec<String> {
+            self.0.lock().expect("tasks").warnings.clone()
+        }
+    }
+
     #[tokio::test]
     async fn a_stopped_task_is_named_on_readyz_to_the_admin_only() {
-        #[derive(Debug, thiserror::Error)]
-        #[error("broker gone")]
-        struct Gone;
-        let supervisor = Supervisor::new();
+        let supervisor = Tasks::default();
         let ok: Vec<Arc<dyn ReadinessCheck>> = vec![Arc::new(Fixed("postgres", Ok(())))];
         let readiness = Readiness::new(ok, ReadinessDetail::Token(ADMIN.into())).supervised_by(&supervisor);
         let app = router(readiness, MetricsRoute::ServicePort);
         assert_eq!(get_as(app.clone(), "/readyz", Some(ADMIN)).await, (StatusCode::OK, "ready\n".to_owned()));
-        supervisor.spawn_fallible("ledger/settler", async { Err::<(), _>(Gone) });
-        supervisor.shutdown_token().cancelled().await;
+        *supervisor.0.lock().expect("tasks") = TaskState {
+            stopped: vec!["task ledger/settler stopped: broker gone".to_owned()],
+            shutting_down: true,
+            warnings: Vec::new(),
+        };
         let (status, body) = get_as(app.clone(), "/readyz", Some(ADMIN)).await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(body, "not ready\ntask ledger/settler stopped: broker gone\n");
@@ -481,8 +513,8 @@ mod tests {
 
     #[tokio::test]
     async fn the_process_warnings_follow_the_services_own_for_the_admin_only() {
-        let supervisor = Supervisor::new();
-        supervisor.report_warnings(["insecure transport allowed".to_owned()]);
+        let supervisor = Tasks::default();
+        supervisor.0.lock().expect("tasks").warnings = vec!["insecure transport allowed".to_owned()];
         let ok: Vec<Arc<dyn ReadinessCheck>> = vec![Arc::new(Fixed("postgres", Ok(())))];
         let readiness = Readiness::new(ok, ReadinessDetail::Token(ADMIN.into()))
             .with_warnings(vec!["connected as the schema's owner".to_owned()])

@@ -8,9 +8,6 @@
 //! - [`health`]: `/healthz`, `/readyz` (dependency checks, detail for the admin token only) and
 //!   `/metrics` as axum routers.
 //! - [`context`]: the current span's `traceparent` and spans continued from one.
-//! - [`server`]: bind a router and serve it until shutdown.
-//! - [`supervisor`]: the service shell: named critical tasks, one shutdown token, a task that
-//!   stops shuts the process down with a non-zero exit.
 //! - [`transport`]: transport fails closed off the machine: loopback hosts, the
 //!   `--insecure-transport` opt-in and its refusal.
 //!
@@ -25,8 +22,6 @@ pub mod health;
 pub mod log_format;
 pub mod logging;
 pub mod metrics;
-pub mod server;
-pub mod supervisor;
 pub mod transport;
 
 /// `url` fit for a log or a `Debug` print: its password replaced by `***` and its query and

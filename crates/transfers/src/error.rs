@@ -75,12 +75,8 @@ pub enum Error {
     Schema(#[from] database::schema::SchemaError),
     #[error(transparent)]
     Kafka(#[from] kafka::Error),
-    #[error("cannot listen on {address}")]
-    Bind {
-        address: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Shell(#[from] service::Error),
 }
 
 #[cfg(test)]

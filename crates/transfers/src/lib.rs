@@ -34,14 +34,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use telemetry::supervisor::Supervisor;
+use service::{Shell, Supervisor};
 
 use contracts::topics;
 use kafka::config::{consumer_config, OffsetCommit};
 use kafka::consumer::LoopOptions;
 use kafka::dead_letter::DeadLetterPublisher;
 use kafka::producer::Producer;
-use kafka::{KafkaArgs, Profile, TopicArgs};
+use kafka::Profile;
 use outbox::relay::{Relay, RelayOptions};
 
 pub use error::Error;
@@ -184,20 +184,35 @@ impl TransfersArgs {
     }
 }
 
-/// Everything a running transfers service needs.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    pub args: TransfersArgs,
-    /// Bearer tokens, or `--insecure-no-auth` (the service refuses to start with neither).
-    pub auth: web::AuthArgs,
-    pub kafka: KafkaArgs,
-    pub topics: TopicArgs,
-    pub profile: Profile,
-    /// `/metrics` on the API's port (the default), or on the process's own metrics listener.
-    pub metrics: telemetry::health::MetricsRoute,
-    /// The producer to publish with when the process shares one between its services
-    /// (`pagamentos all`); `None`: the service builds its own, named after itself.
-    pub producer: Option<Producer>,
+/// Everything a running transfers service needs; `auth`: bearer tokens, or `--insecure-no-auth`
+/// (the service refuses to start with neither).
+pub type Settings = service::Settings<TransfersArgs, web::AuthArgs>;
+
+/// transferencias as `pagamentos transferencias` and `pagamentos all` start it.
+#[derive(Debug, Clone, Copy)]
+pub struct Transfers;
+
+impl service::Service for Transfers {
+    const NAME: &'static str = "transferencias";
+    const LISTEN_VARIABLE: &'static str = "TRANSFERENCIAS_LISTEN";
+    type Args = TransfersArgs;
+    type Auth = web::AuthArgs;
+    type Error = Error;
+
+    fn listen(args: &TransfersArgs) -> SocketAddr {
+        args.listen
+    }
+
+    fn databases(args: &TransfersArgs) -> Vec<(&'static str, String)> {
+        vec![("TRANSFERENCIAS_DATABASE_URL", args.database_url.clone())]
+    }
+
+    fn start(
+        settings: Settings,
+        supervisor: &Supervisor,
+    ) -> impl std::future::Future<Output = Result<SocketAddr, Error>> {
+        start(settings, supervisor)
+    }
 }
 
 /// Connects, migrates, makes sure the topics exist, then spawns the API, the outbox relay,
@@ -206,7 +221,6 @@ pub struct Settings {
 /// shutdown token is cancelled: the API drains its requests, the relay and the projection
 /// finish the batch in hand.
 pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<SocketAddr, Error> {
-    let shutdown = supervisor.shutdown_token();
     let Settings { args, auth, kafka, topics: topic_args, profile, metrics, producer } = settings;
     // before anything else: a service that would serve money without auth does not start
     let tokens = auth.resolve("transferencias")?;
@@ -219,7 +233,8 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
     // API clients' tokens, looked up in this database's `cliente_api` (`pagamentos clients`)
     let tokens = tokens.with_clients(Arc::new(api_clients::Directory::new(pool.clone(), "transferencias")));
 
-    kafka_admin::topics::ensure_at_start(&kafka, &topic_args).await?;
+    let shell = Shell::begin("transferencias", supervisor, &kafka, &topic_args).await?;
+    let shutdown = shell.shutdown();
 
     let producer = Producer::shared_or_own(producer, &kafka, "transferencias", profile.linger())?;
     let backlog = outbox::metrics::Backlog::default();
@@ -241,30 +256,26 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
         Arc::new(database::health::DatabaseReady::new(pool.clone())),
         Arc::new(kafka::health::KafkaReady::new(producer.clone(), kafka.topic(topics::REQUESTED))),
     ];
-    let readiness = telemetry::health::Readiness::new(checks, tokens.readiness_detail())
-        .with_warnings(tokens.warnings().into_iter().chain(owner).collect())
-        .supervised_by(supervisor);
+    let readiness = shell.readiness(
+        checks,
+        tokens.readiness_detail(),
+        tokens.warnings().into_iter().chain(owner).collect(),
+    );
     let app = api::router(state).merge(telemetry::health::router(readiness, metrics));
-    // after the recorder is installed (with the router above), before /readyz answers
     let outcomes = [kafka.topic(topics::SETTLED), kafka.topic(topics::REJECTED)];
-    kafka::alerting::export_at_zero(&outcomes, &outcomes);
-    let (bound, serve) =
-        telemetry::server::bind("transferencias API", args.listen, app, shutdown.clone().cancelled_owned())
-            .await
-            .map_err(|source| Error::Bind { address: args.listen.to_string(), source })?;
-    supervisor.spawn("transferencias/http", serve);
+    let bound = shell.serve("transferencias API", args.listen, app, &outcomes, &outcomes).await?;
 
     let mut relay_options = match profile {
         Profile::Fast => RelayOptions::fast("transferencias"),
         Profile::Reference => RelayOptions::reference("transferencias"),
     };
     relay_options.retention = Duration::from_secs(args.outbox_retention_seconds);
-    supervisor.spawn(
-        "transferencias/outbox-relay",
+    shell.spawn(
+        "outbox-relay",
         Relay::new(pool.clone(), producer.clone(), relay_options).run(shutdown.clone()),
     );
-    supervisor.spawn(
-        "transferencias/outbox-gauges",
+    shell.spawn(
+        "outbox-gauges",
         outbox::metrics::run(pool.clone(), "transferencias", backlog, shutdown.clone()),
     );
 
@@ -275,27 +286,16 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
         &consumer_config(&kafka, "transferencias-projecao", &group, OffsetCommit::StoredAfterHandling),
         &[&settled, &rejected],
     )?;
-    supervisor.spawn(
-        "transferencias/lag-gauges",
-        kafka::lag::report(consumer.clone(), group.clone(), shutdown.clone()),
-    );
-    supervisor.spawn(
-        "transferencias/dlt-gauges",
-        kafka_admin::dlt::report_retained(
-            kafka.clone(),
-            vec![topics::dead_letter_topic(&settled), topics::dead_letter_topic(&rejected)],
-            kafka::lag::REFRESH_INTERVAL,
-            shutdown.clone(),
-        ),
-    );
+    shell.spawn("lag-gauges", kafka::lag::report(consumer.clone(), group.clone(), shutdown.clone()));
+    shell.report_dead_letters(&outcomes);
     let projection =
         projection::Projection::new(pool.clone(), settled, DeadLetterPublisher::new(producer.clone(), group));
-    supervisor.spawn_fallible(
-        "transferencias/projection",
+    shell.spawn_fallible(
+        "projection",
         kafka::consumer::run(consumer, projection, LoopOptions::default(), shutdown.clone()),
     );
 
-    supervisor.spawn("transferencias/key-cleanup", async move {
+    shell.spawn("key-cleanup", async move {
         let mut interval = tokio::time::interval(KEY_CLEANUP_INTERVAL);
         loop {
             tokio::select! {

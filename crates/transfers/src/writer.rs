@@ -11,8 +11,8 @@
 
 use std::sync::Arc;
 
+use service::server::Handoff;
 use sqlx::PgPool;
-use telemetry::server::Handoff;
 use tokio::sync::oneshot;
 
 use crate::error::StoreError;
@@ -64,7 +64,7 @@ impl Writer {
     /// becomes of the caller: queued for a writer task (which writes it even if the caller is
     /// dropped), or, one transaction per request, about to be written on the caller's task
     /// (dropped while its `COMMIT` is on the way, it may be committed). From then on, a request
-    /// timeout answers that the outcome is unknown, never "retry later" (`telemetry::server`).
+    /// timeout answers that the outcome is unknown, never "retry later" (`service::server`).
     pub async fn create_marking(
         &self,
         transfer: NewTransfer,

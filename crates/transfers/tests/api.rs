@@ -339,7 +339,7 @@ async fn without_tokens_the_service_refuses_to_start_unless_told_to_run_open() {
         let tracker = tokio_util::task::TaskTracker::new();
         let refused = transfers::start(
             settings(auth.clone()),
-            &telemetry::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
+            &service::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
         )
         .await;
         assert!(matches!(refused, Err(transfers::Error::Auth(_))), "{auth:?}: {refused:?}");

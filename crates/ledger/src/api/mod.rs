@@ -21,7 +21,7 @@ use utoipa_axum::routes;
 use uuid::Uuid;
 
 use contracts::{AccountId, Amount, Cents, Currency, EntryKind, Timestamp};
-use telemetry::server::Handoff;
+use service::server::Handoff;
 use web::problem::Kind;
 use web::{ApiError, Caller, FieldError, JsonBody, Problem};
 

@@ -132,7 +132,7 @@ impl TestLedger {
         let tracker = TaskTracker::new();
         let address = ledger::start(
             settings,
-            &telemetry::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
+            &service::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
         )
         .await
         .expect("ledger starts");

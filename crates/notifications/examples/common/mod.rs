@@ -45,11 +45,11 @@ pub async fn start(
 ) -> Running {
     let url = url.parse().expect("url");
     let mut settings =
-        notifications::Settings::for_tests(topic_set.args.clone(), url, "bench-secret", partitions);
+        notifications::settings_for_tests(topic_set.args.clone(), url, "bench-secret", partitions);
     settings.args.concurrency = 64;
     settings.args.consumption = consumption;
     let (shutdown, tracker) = (CancellationToken::new(), TaskTracker::new());
-    let supervisor = telemetry::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone());
+    let supervisor = service::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone());
     notifications::start(settings, &supervisor).await.expect("start");
     Running { shutdown, tracker }
 }

@@ -76,7 +76,7 @@ use tokio_util::sync::CancellationToken;
 use kafka::producer::Producer;
 use kafka::retry_topic::Chain;
 use kafka::KafkaArgs;
-use telemetry::supervisor::Supervisor;
+use service::supervisor::Supervisor;
 
 use crate::notifier::Notifier;
 

@@ -14,7 +14,7 @@ use super::openapi::TransferRequestBody;
 use super::AppState;
 use crate::domain::{validate_account_syntax, FieldError, Status, TransferRequest};
 use crate::store::{self, Created, EventTarget, IdempotencyKey, ListFilter, NewTransfer, Transfer};
-use telemetry::server::Handoff;
+use service::server::Handoff;
 use web::{ApiError, Caller, JsonBody, Problem};
 
 /// `Idempotency-Key`.

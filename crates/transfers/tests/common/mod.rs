@@ -76,7 +76,7 @@ pub async fn spawn_app_with_auth(
     let tracker = TaskTracker::new();
     let address = transfers::start(
         settings,
-        &telemetry::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
+        &service::supervisor::Supervisor::from_parts(shutdown.clone(), tracker.clone()),
     )
     .await
     .expect("service starts");

@@ -5,7 +5,7 @@
 //! or [`Supervisor::spawn_fallible`] (one that returns a `Result`). A task that returns while
 //! the process is not shutting down, returns an error, or panics has **stopped**: the
 //! supervisor logs `task <name> stopped: <why>` at error level, `/readyz` answers `503` with
-//! that line (see [`crate::health::Readiness::supervised_by`]), and the shutdown token is cancelled so
+//! that line (see [`telemetry::health::Readiness::supervised_by`]), and the shutdown token is cancelled so
 //! that every other task drains the work in hand as on SIGTERM (nothing half-done is
 //! committed: the loops watch the token only at their safe points). [`Supervisor::drain`]
 //! then reports [`Drained::Stopped`], which the binary turns into a non-zero exit status so an
@@ -108,7 +108,7 @@ impl Supervisor {
             let why = match AssertUnwindSafe(task).catch_unwind().await {
                 Ok(Ok(())) if supervisor.is_shutting_down() => return,
                 Ok(Ok(())) => "returned while the service was not shutting down".to_owned(),
-                Ok(Err(error)) => crate::error_chain(&error),
+                Ok(Err(error)) => telemetry::error_chain(&error),
                 Err(panic) => format!("panicked: {}", panic_message(panic.as_ref())),
             };
             supervisor.stop(&name, &why);
@@ -193,6 +193,19 @@ impl Supervisor {
     }
 }
 
+impl telemetry::health::Supervision for Supervisor {
+    fn stopped(&self) -> Vec<String> {
+        Supervisor::stopped(self)
+    }
+
+    fn is_shutting_down(&self) -> bool {
+        Supervisor::is_shutting_down(self)
+    }
+
+    fn warnings(&self) -> Vec<String> {
+        Supervisor::warnings(self)
+    }
+}
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     if let Some(text) = panic.downcast_ref::<&str>() {
         (*text).to_owned()

@@ -50,6 +50,8 @@ fn percentile(sorted: &[i64], q: f64) -> i64 {
     sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
 }
 
+// Over 100 lines on purpose: one measured run: the producer, the service and the reader bracket the
+// same span.
 async fn run(profile: Profile, backlog: usize, steady_seconds: u64) -> serde_json::Value {
     let topics = TestTopics::plan(12).await;
     let input = topics.topic(topics::REQUESTED);

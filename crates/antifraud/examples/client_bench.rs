@@ -261,6 +261,8 @@ struct Case {
     step_p50_ms: BTreeMap<&'static str, f64>,
 }
 
+// Over 100 lines on purpose: one measured case: the timing decorator, the broker's request counts
+// and the CPU sample must bracket exactly the same span.
 async fn run_case(args: &Args, client: TransactionalClient, rate: u64, round: usize) -> anyhow::Result<Case> {
     let topics = TestTopics::plan(12).await;
     let input = topics.topic(topics::REQUESTED);

@@ -1,4 +1,4 @@
-//! API clients bound to their accounts (`CONTRACT.md` §1 `pagamentos clients`, §2 "API
+//! API clients bound to their accounts (`docs/reference/contract.md` §1 `pagamentos clients`, §2 "API
 //! clients"): besides the shared API token (every account, the article's API), an operator
 //! creates clients, each with a bearer token of its own and the accounts it may debit and read.
 //!

@@ -1,4 +1,4 @@
-//! `pagamentos-bench`, the driver behind `scripts/bench` (`CONTRACT.md` §1, issue #10): for each
+//! `pagamentos-bench`, the driver behind `scripts/bench` (`docs/reference/contract.md` §1, issue #10): for each
 //! profile it starts `pagamentos all --profile P` on fresh databases and topics, drives the same
 //! loads through `pagamentos loadgen` (closed-loop flat out, 200/s open loop, Zipf-skewed flat
 //! out, flat out crediting and then debiting one hot account, then an open-loop sweep of rates
@@ -180,7 +180,7 @@ const fn batches(name: &'static str, groups: &'static [&'static str]) -> HopSpec
     HopSpec { name, metric: "kafka_batch_handling_seconds", labels: &[], groups }
 }
 
-/// The notification retry stages' groups (`CONTRACT.md` §3), checked against
+/// The notification retry stages' groups (`docs/reference/contract.md` §3), checked against
 /// `groups::notifications_retry` by a test.
 const NOTIFICATION_RETRY_GROUPS: [&str; 3] =
     ["notificacoes-retry-1000", "notificacoes-retry-2000", "notificacoes-retry-4000"];

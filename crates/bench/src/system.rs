@@ -135,6 +135,8 @@ impl System {
     }
 
     /// Runs one load through `pagamentos loadgen` and measures around it.
+    // Over 100 lines on purpose: the loadgen child, the CPU sampler and the broker and database
+    // readings must bracket the same span.
     pub(crate) async fn measure(
         &self,
         args: &Args,

@@ -1,4 +1,4 @@
-//! The domain's values (`CONTRACT.md` §2 and §4), so that wrong money and wrong names are
+//! The domain's values (`docs/reference/contract.md` §2 and §4), so that wrong money and wrong names are
 //! refused where they enter instead of travelling as bare integers and strings.
 //!
 //! - [`Cents`]: a balance or a sum of money; checked arithmetic only (an overflow is an answer,

@@ -1,4 +1,4 @@
-//! The four events of the transfer pipeline (`CONTRACT.md` §3, *Events*).
+//! The four events of the transfer pipeline (`docs/reference/contract.md` §3, *Events*).
 //!
 //! JSON is camelCase with the article's Portuguese names; every reader ignores unknown fields
 //! (serde's default) and takes ids and types from the payload, never from headers. The outcome

@@ -1,4 +1,4 @@
-//! Kafka header names and Spring Kafka's binary encodings (`CONTRACT.md` §3, *Headers*).
+//! Kafka header names and Spring Kafka's binary encodings (`docs/reference/contract.md` §3, *Headers*).
 //!
 //! Dead letters and retry records carry the headers Spring Kafka's
 //! `DeadLetterPublishingRecoverer` and retry topics write, encoded the way Spring writes them,
@@ -214,7 +214,7 @@ mod tests {
         assert_eq!(decode_big_integer(&[0x80]), Ok(-128));
     }
 
-    /// Each encoding of the contract's table (`CONTRACT.md` §3), against literal bytes.
+    /// Each encoding of the contract's table (`docs/reference/contract.md` §3), against literal bytes.
     #[test]
     fn encodings_match_the_contracts_table_byte_for_byte() {
         // *-original-timestamp-type: Java's TimestampType.toString()

@@ -1,7 +1,7 @@
 //! Deterministic ids: Java's `UUID.nameUUIDFromBytes` and the derived event ids built on it.
 //!
 //! A reprocessed input must yield the same event id, so downstream consumers can see the
-//! duplicate (`CONTRACT.md` §3, *Derived event ids*). Java's function is MD5 over the bytes
+//! duplicate (`docs/reference/contract.md` §3, *Derived event ids*). Java's function is MD5 over the bytes
 //! alone, with no namespace, then the version (3) and IETF variant bits set; `uuid`'s `new_v3`
 //! prepends a namespace, so it is not the same function.
 

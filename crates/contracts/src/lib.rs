@@ -1,4 +1,4 @@
-//! The wire contract of pagamentos (`CONTRACT.md` §3): what travels on Kafka, byte for byte.
+//! The wire contract of pagamentos (`docs/reference/contract.md` §3): what travels on Kafka, byte for byte.
 //!
 //! A service written from the reference article in Java/Spring and ours must be able to replace
 //! each other on the same topics, so everything here follows the article's Portuguese wire

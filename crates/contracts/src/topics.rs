@@ -1,5 +1,5 @@
 //! Topic and consumer-group names, and the plan of every topic the system owns
-//! (`CONTRACT.md` §3, *Topics*).
+//! (`docs/reference/contract.md` §3, *Topics*).
 //!
 //! Names can carry a prefix (empty in production) so that tests on one shared broker get topics
 //! of their own; everything else derives from the four event topics.

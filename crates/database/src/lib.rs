@@ -195,7 +195,7 @@ impl Hosts {
 }
 
 /// Whether a connection to `host` (a Unix socket when `socket`) with `mode` would leave the
-/// machine without a verified TLS connection (`CONTRACT.md` §1, *Transport fails closed*): a
+/// machine without a verified TLS connection (`docs/reference/contract.md` §1, *Transport fails closed*): a
 /// host that is not a loopback address (`telemetry::transport::is_loopback`: no name but
 /// `localhost` counts, nothing is resolved) with any `sslmode` below `verify-full`: `disable`,
 /// `allow` and `prefer` may send everything in the clear, `require` and `verify-ca` accept a

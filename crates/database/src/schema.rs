@@ -1,6 +1,6 @@
 //! The start-up rule for a service's own database (the shared floor of the services that own
 //! one): a service connected as the schema's owner migrates it ("services also migrate on
-//! start", CONTRACT.md §1); a service connected as a runtime role, which may not change the
+//! start", docs/reference/contract.md §1); a service connected as a runtime role, which may not change the
 //! schema, only checks that every migration it was built with is applied, and refuses to start
 //! otherwise, naming `pagamentos migrate`. So the runtime role never needs the owner's powers,
 //! and a binary newer than its database never runs against an old schema.

@@ -12,7 +12,7 @@
 //! letter only to the dead-letter topic's own source (its name without `-dlt`; the topic
 //! prefix is part of both names) or to one of that source's retry topics
 //! (`<source>-retry-<ms>`), whatever the header or `--to` says ([`check_destination`],
-//! `CONTRACT.md` §3). A letter asking for any other topic is refused: logged (a warning naming
+//! `docs/reference/contract.md` §3). A letter asking for any other topic is refused: logged (a warning naming
 //! its partition, offset, destination and why), counted in [`REFUSED_METRIC`]`{topic}`, listed
 //! in the [`ReplaySummary`], and left in place, not marked replayed (it stays in
 //! `dlt_mensagens_retidas` and in `pagamentos dlt list`). `--all` goes on with the other

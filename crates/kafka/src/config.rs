@@ -69,7 +69,7 @@ impl KafkaArgs {
     }
 
     /// The bootstrap servers every client would reach in plaintext off the machine
-    /// (`CONTRACT.md` §1, *Transport fails closed*): see [`plaintext_off_machine`]. Checked
+    /// (`docs/reference/contract.md` §1, *Transport fails closed*): see [`plaintext_off_machine`]. Checked
     /// where each command starts, before any client exists.
     pub fn transport_exposures(&self) -> Vec<Exposure> {
         let protocol = self.security.protocol;

@@ -1,5 +1,5 @@
 //! Dead letters of the blocking error handlers, as Spring Kafka's `DeadLetterPublishingRecoverer`
-//! writes them (`CONTRACT.md` §3, *Headers*).
+//! writes them (`docs/reference/contract.md` §3, *Headers*).
 //!
 //! A dead letter keeps its original key, payload (byte for byte, even if it is not UTF-8),
 //! headers and partition number, and goes to `<topic>-dlt`. As the recoverer's defaults do,

@@ -1,7 +1,7 @@
 //! Kafka runtime of pagamentos, over `rdkafka` (librdkafka).
 //!
 //! Every service talks to Kafka through this crate, so the contract's client settings
-//! (`CONTRACT.md` §3, *Producers* and *Consumers*) are decided once, here.
+//! (`docs/reference/contract.md` §3, *Producers* and *Consumers*) are decided once, here.
 //!
 //! # Layout
 //! - [`config`]: connection settings (`KafkaArgs`, flags with env fallbacks) and the client

@@ -1,5 +1,5 @@
 //! Non-blocking retries through retry topics, as Spring Kafka's retry topics do them
-//! (`CONTRACT.md` §3): a record whose attempt failed is forwarded to `<topic>-retry-<ms>` and
+//! (`docs/reference/contract.md` §3): a record whose attempt failed is forwarded to `<topic>-retry-<ms>` and
 //! the consumer goes on with the next one, so one failing record never stalls the others.
 //!
 //! A [`Chain`] is a main stage (attempt 1 on the source topics) and one stage per delay

@@ -1,4 +1,4 @@
-//! The ledger's invariants (`CONTRACT.md` §4, 1–3 and 5), each one set-based query over the
+//! The ledger's invariants (`docs/reference/contract.md` §4, 1–3 and 5), each one set-based query over the
 //! whole database: a sequential scan and a hash aggregate, fast on millions of rows, no per-row
 //! round trips. Invariant 4 needs the transfers database too and is checked by `pagamentos
 //! verify`.

@@ -1,4 +1,4 @@
-//! The accounts API (CONTRACT.md §2) on the real service: status codes, problem+json, money
+//! The accounts API (docs/reference/contract.md §2) on the real service: status codes, problem+json, money
 //! moved as double entries, idempotent deposits, tokens.
 
 mod common;

@@ -199,6 +199,8 @@ fn topics() -> OutcomeTopics {
     OutcomeTopics { settled: "model.liquidada".into(), rejected: "model.rejeitada".into() }
 }
 
+// Over 100 lines on purpose: the model and the database take each step side by side, one match arm
+// per step kind.
 async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
     let database = TestDatabase::create(&ledger::MIGRATOR).await;
     let pool = &database.pool;

@@ -1,4 +1,4 @@
-//! `pagamentos loadgen`'s arguments (`CONTRACT.md` §1).
+//! `pagamentos loadgen`'s arguments (`docs/reference/contract.md` §1).
 
 use std::fmt;
 use std::str::FromStr;

@@ -1,4 +1,4 @@
-//! The result: `CONTRACT.md` §1's JSON object, printed as loadgen's last line.
+//! The result: `docs/reference/contract.md` §1's JSON object, printed as loadgen's last line.
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
 //! The webhook client: one `POST` per outcome event to `NOTIFICACOES_WEBHOOK_URL`
-//! (`CONTRACT.md` §3, *Notifications*), with a bounded timeout and a pooled connection.
+//! (`docs/reference/contract.md` §3, *Notifications*), with a bounded timeout and a pooled connection.
 //!
 //! The request carries the event's JSON exactly as it travelled on Kafka, `Idempotency-Key:
 //! <eventoId>` (receivers dedupe by it: every delivery is at least once), `X-Evento-Tipo`, the
@@ -173,7 +173,7 @@ impl DeliveryError {
     }
 }
 
-/// Whether an HTTP status may change by retrying (`CONTRACT.md` §3).
+/// Whether an HTTP status may change by retrying (`docs/reference/contract.md` §3).
 pub fn is_transient(status: StatusCode) -> bool {
     status.is_server_error()
         || status == StatusCode::REQUEST_TIMEOUT

@@ -1,4 +1,4 @@
-//! The backlog gauges (`CONTRACT.md` §5): `outbox_pendentes` (unpublished rows) and
+//! The backlog gauges (`docs/reference/contract.md` §5): `outbox_pendentes` (unpublished rows) and
 //! `outbox_oldest_pending_seconds` (age of the oldest), labelled with the database; and ours,
 //! `outbox_leased_rows`: unpublished rows under a live relay lease (claimed, waiting for the
 //! broker's answer, or left by a relay that died until its lease ends).

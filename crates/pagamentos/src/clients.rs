@@ -1,4 +1,4 @@
-//! `pagamentos clients create|list|revoke`: API clients bound to their accounts (`CONTRACT.md`
+//! `pagamentos clients create|list|revoke`: API clients bound to their accounts (`docs/reference/contract.md`
 //! §1, §2). Each service reaches only its own database and both APIs authenticate clients, so
 //! a client is a row of `cliente_api` in **both** databases ([`api_clients`]), written here as
 //! each database's owner (the services' runtime roles may only read the table; the admin token

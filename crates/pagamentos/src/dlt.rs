@@ -1,5 +1,5 @@
 //! `pagamentos dlt list|replay TOPIC`: inspect and re-drive dead letters of any `-dlt` topic
-//! (`CONTRACT.md` §1, §3). The work is [`kafka_admin::dlt`]'s; this module parses, prints and
+//! (`docs/reference/contract.md` §1, §3). The work is [`kafka_admin::dlt`]'s; this module parses, prints and
 //! draws the progress bar.
 
 use std::process::ExitCode;

@@ -1,4 +1,4 @@
-//! `pagamentos loadgen`: the load generator (`CONTRACT.md` §1); progress on stderr, the
+//! `pagamentos loadgen`: the load generator (`docs/reference/contract.md` §1); progress on stderr, the
 //! contract's JSON object as the last line on stdout, exit 1 when anything was lost or a
 //! transfer had both a settlement and a rejection event.
 

@@ -1,4 +1,4 @@
-//! `pagamentos`: one binary, one subcommand per service plus operator tools (`CONTRACT.md` §1).
+//! `pagamentos`: one binary, one subcommand per service plus operator tools (`docs/reference/contract.md` §1).
 //!
 //! # Layout
 //! - [`database`]: the two database URLs and a bounded-time connection.

@@ -74,6 +74,8 @@ pub struct RepublishArgs {
 /// The selection when nothing is said: what `verify` calls stuck by default.
 const DEFAULT_BOUND: Duration = Duration::from_secs(300);
 
+// Over 100 lines on purpose: the command's steps (checks, selection, comparison with the ledger's
+// decisions, re-emission, report) run once, in order, over the same two pools and selection.
 pub async fn run(args: RepublishArgs) -> anyhow::Result<ExitCode> {
     let databases = [
         ("TRANSFERENCIAS_DATABASE_URL", args.transferencias_database_url.as_str()),

@@ -1,4 +1,4 @@
-//! Transport fails closed off the machine (`CONTRACT.md` §1): every command that connects to
+//! Transport fails closed off the machine (`docs/reference/contract.md` §1): every command that connects to
 //! Kafka or PostgreSQL checks, where it starts and before anything connects, that no
 //! connection to a host that is not a loopback address would be plaintext (Kafka without
 //! `ssl`/`sasl_ssl`) or unverified (PostgreSQL below `sslmode=verify-full`), and refuses to

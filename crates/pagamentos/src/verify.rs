@@ -1,5 +1,5 @@
 //! `pagamentos verify [--scope ledger|all]`: the books against the contract's invariants
-//! (`CONTRACT.md` §4). The ledger's own invariants (1–3, 5) are set-based queries in
+//! (`docs/reference/contract.md` §4). The ledger's own invariants (1–3, 5) are set-based queries in
 //! [`ledger::verify`]; invariant 4 reads each database through the crate that owns it
 //! ([`ledger::verify`], [`transfers::verify`]) and merges the two databases' settled ids and,
 //! field by field, their decided transfers (outcome, reason; amount, accounts and currency of a

@@ -1,4 +1,4 @@
-//! API clients bound to their accounts (`CONTRACT.md` §1 `pagamentos clients`, §2 "API
+//! API clients bound to their accounts (`docs/reference/contract.md` §1 `pagamentos clients`, §2 "API
 //! clients"; issue #46 item 8), against `pagamentos all` running as the runtime roles (which may
 //! read `cliente_api`, never write it), the clients created by the command as each database's
 //! owner. With a client's token: a debit of another's account is `403`
@@ -78,6 +78,8 @@ fn ids_touching(list: &Value, accounts: &[&str]) -> (Vec<String>, bool) {
     (ids, all_touch)
 }
 
+// Over 100 lines on purpose: one scenario on one running system, read top to bottom; its steps
+// build on each other's state, so splitting it would only pass that state around.
 #[tokio::test]
 async fn a_client_debits_and_reads_only_its_own_accounts_and_the_shared_token_all() {
     let (system, mut all) = started().await;

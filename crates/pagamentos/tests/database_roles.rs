@@ -167,6 +167,8 @@ async fn refused_statement(connection: &mut PgConnection, statement: &str) {
     }
 }
 
+// Over 100 lines on purpose: one scenario on one running system, read top to bottom; its steps
+// build on each other's state, so splitting it would only pass that state around.
 #[tokio::test]
 async fn the_ledgers_runtime_role_inserts_and_reads_the_books_but_never_rewrites_them() {
     // migrated by its owner (the tests' role), as `pagamentos migrate` does

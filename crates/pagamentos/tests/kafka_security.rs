@@ -203,6 +203,8 @@ async fn dlt_command(user: &str, prefix: &str, args: &[&str]) -> (i32, String, S
     common::system::captured(&mut command, "pagamentos dlt").await
 }
 
+// Over 100 lines on purpose: one scenario on one running system, read top to bottom; its steps
+// build on each other's state, so splitting it would only pass that state around.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the secure broker: scripts/stack secure up"]
 async fn a_dead_letter_forged_by_notificacoes_is_not_replayed_into_the_ledgers_input() {

@@ -35,6 +35,8 @@ async fn committed(consumer: std::sync::Arc<kafka::consumer::KafkaConsumer>, top
     .ok()?
 }
 
+// Over 100 lines on purpose: one scenario on one running system, read top to bottom; its steps
+// build on each other's state, so splitting it would only pass that state around.
 #[tokio::test]
 async fn the_dump_finds_the_transactional_commit_that_passed_an_offset_and_what_it_wrote() {
     testkit::init_logs();

@@ -264,6 +264,8 @@ fn plottable(series: &Value) -> bool {
     series["value"][1].as_str().and_then(|value| value.parse::<f64>().ok()).is_some_and(f64::is_finite)
 }
 
+// Over 100 lines on purpose: one scenario on one running system, read top to bottom; its steps
+// build on each other's state, so splitting it would only pass that state around.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_prometheus_answers_every_dashboard_query_and_holds_dead_letters_waiting() {
     use kafka::producer::{OutgoingRecord, Producer};

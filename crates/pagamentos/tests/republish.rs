@@ -83,6 +83,8 @@ async fn outbox_rows_of(system: &System, id: Uuid) -> i64 {
         .expect("count outbox rows")
 }
 
+// Over 100 lines on purpose: one scenario on one running system, read top to bottom; its steps
+// build on each other's state, so splitting it would only pass that state around.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_request_event_is_sent_again_and_settles_once() {
     let system = System::new().await;

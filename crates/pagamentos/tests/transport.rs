@@ -1,4 +1,4 @@
-//! Transport fails closed off the machine (`CONTRACT.md` §1, issue #46 item 6): every command
+//! Transport fails closed off the machine (`docs/reference/contract.md` §1, issue #46 item 6): every command
 //! that connects to Kafka or PostgreSQL refuses to start, naming the setting, when a host that
 //! is not a loopback address would be reached in plaintext (Kafka) or unverified (PostgreSQL
 //! below `sslmode=verify-full`), unless started with `--insecure-transport`, which it then logs

@@ -180,6 +180,8 @@ pub async fn bind(
 
 /// [`bind`] with explicit `limits`. On shutdown the listener closes, idle connections are
 /// closed, and the future resolves once every request in flight has been answered.
+// Over 100 lines on purpose: the accept loop and each connection's task share the limits, the
+// connection semaphore and the shutdown watch; split, each part would take all of them.
 pub async fn bind_with(
     name: &'static str,
     address: SocketAddr,

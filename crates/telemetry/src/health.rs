@@ -1,4 +1,4 @@
-//! `/healthz`, `/readyz` and `/metrics`, mounted by every service (`CONTRACT.md` §2).
+//! `/healthz`, `/readyz` and `/metrics`, mounted by every service (`docs/reference/contract.md` §2).
 //!
 //! `/healthz` answers while the process is alive; `/readyz` runs every readiness check (its
 //! database, its Kafka) concurrently with a timeout and answers `200` or `503`; `/metrics`
@@ -160,7 +160,7 @@ impl HealthAuthArgs {
 /// Where a service serves `/metrics`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum MetricsRoute {
-    /// On the service's port, beside `/healthz` and `/readyz` (`CONTRACT.md` §2).
+    /// On the service's port, beside `/healthz` and `/readyz` (`docs/reference/contract.md` §2).
     #[default]
     ServicePort,
     /// Not on the service's port (`404` there): the process serves it on a listener of its own
@@ -320,7 +320,7 @@ async fn readyz(State(readiness): State<Readiness>, headers: HeaderMap) -> Respo
     (status, [(header::VARY, "authorization"), (header::CACHE_CONTROL, "no-store")], body).into_response()
 }
 
-/// Every metric in the Prometheus text format (`CONTRACT.md` §5).
+/// Every metric in the Prometheus text format (`docs/reference/contract.md` §5).
 #[utoipa::path(
     get,
     path = "/metrics",

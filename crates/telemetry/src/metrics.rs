@@ -1,6 +1,6 @@
 //! The process-wide Prometheus recorder.
 //!
-//! Metric names follow `CONTRACT.md` §5; durations are histograms in seconds, with buckets
+//! Metric names follow `docs/reference/contract.md` §5; durations are histograms in seconds, with buckets
 //! from 1 ms to 30 s, enough for both an HTTP request and a blocked retry.
 
 use std::sync::OnceLock;

@@ -1,4 +1,4 @@
-//! Transport fails closed off the machine (`CONTRACT.md` §1): a command refuses to start when
+//! Transport fails closed off the machine (`docs/reference/contract.md` §1): a command refuses to start when
 //! a connection to a host that is not a loopback address would be plaintext or unverified,
 //! naming the setting, unless it was started with `--insecure-transport`, which it then logs as
 //! a warning and reports on `/readyz` (as `--insecure-no-auth`).

@@ -1,4 +1,4 @@
-//! A transfer request and its validation (`CONTRACT.md` §2): every rule is checked and every
+//! A transfer request and its validation (`docs/reference/contract.md` §2): every rule is checked and every
 //! broken one reported, so a client fixes its request in one round trip.
 
 use contracts::{AccountId, Amount, Currency};

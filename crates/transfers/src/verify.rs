@@ -1,5 +1,5 @@
 //! What `pagamentos verify` reads of the `transferencias` database for invariant 4
-//! (`CONTRACT.md` §4). The ledger's side is `ledger::verify`; comparing the two is the binary's.
+//! (`docs/reference/contract.md` §4). The ledger's side is `ledger::verify`; comparing the two is the binary's.
 //! Every stream is in id order, so the binary merges it with the ledger's in flat memory.
 
 use std::time::Duration;

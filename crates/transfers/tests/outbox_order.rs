@@ -57,7 +57,7 @@ async fn transfers_of_one_account_in_one_group_commit_leave_in_acceptance_order(
     }
 
     // acceptance order: the order of `sequencia` within each group commit (one transaction,
-    // one `xmin`); batches that overlapped in time have no order between them (CONTRACT.md §4
+    // one `xmin`); batches that overlapped in time have no order between them (docs/reference/contract.md §4
     // orders requests that do not overlap)
     let rows: Vec<(String, String)> = sqlx::query_as(
         "SELECT payload::json->>'transferenciaId', xmin::text FROM outbox_evento ORDER BY sequencia",

@@ -47,6 +47,8 @@ impl CommitCutter {
 /// client is copied as is until the gate closes. After a cut COMMIT the proxy waits for the
 /// server's answer (swallowed) before it drops the connections: the commit is then done for
 /// certain when the service sees end-of-file, and nothing races the test's count.
+// Over 100 lines on purpose: the proxy's two directions share the gate and the startup handshake
+// state.
 async fn relay(client: TcpStream, server: TcpStream, armed: Arc<AtomicBool>, cuts: Arc<AtomicUsize>) {
     let (mut from_client, mut to_client) = client.into_split();
     let (mut from_server, mut to_server) = server.into_split();

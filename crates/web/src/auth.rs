@@ -1,4 +1,4 @@
-//! Bearer tokens (`CONTRACT.md` §1). Auth fails closed: a service that serves an API needs both
+//! Bearer tokens (`docs/reference/contract.md` §1). Auth fails closed: a service that serves an API needs both
 //! `PAGAMENTOS_API_TOKEN` and `PAGAMENTOS_ADMIN_TOKEN` (and they must differ), or refuses to
 //! start, unless it was started with `--insecure-no-auth`, which it logs as a warning and
 //! reports on `/readyz`. With tokens, every route but health, metrics and the OpenAPI document
@@ -7,7 +7,7 @@
 //! with the API token) and read `/readyz`'s detail (anyone else reads its status line only). Tokens are compared in constant time and never logged; the caller's
 //! identity for Idempotency-Key scoping is a hash of its token.
 //!
-//! API clients (`CONTRACT.md` §2, `pagamentos clients`): besides the two tokens, a service may
+//! API clients (`docs/reference/contract.md` §2, `pagamentos clients`): besides the two tokens, a service may
 //! accept the tokens of clients, each bound to its accounts ([`Client`]). Their SHA-256 is
 //! looked up in the service's own database on every request ([`ClientDirectory`], one indexed
 //! query; nothing cached), so a revocation holds from the next request on. Only a token of a
@@ -103,7 +103,7 @@ pub fn token_hash(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
 }
 
-/// The authentication options of a service with an API (`CONTRACT.md` §1), flattened once into
+/// The authentication options of a service with an API (`docs/reference/contract.md` §1), flattened once into
 /// each command that serves one: the API token, and the admin token and no-auth switch every
 /// service shares (`telemetry::health::HealthAuthArgs`, defined there once).
 #[derive(Clone, Default, clap::Args)]

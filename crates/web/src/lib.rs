@@ -1,4 +1,4 @@
-//! The HTTP edge every pagamentos API shares (`CONTRACT.md` §2): errors answered as
+//! The HTTP edge every pagamentos API shares (`docs/reference/contract.md` §2): errors answered as
 //! problem+json, the JSON body extractor with its 413/415/400 answers, bearer tokens, the
 //! request-duration histogram. The field rules both APIs apply (account ids, currencies) are
 //! business rules and live in `contracts::domain`.

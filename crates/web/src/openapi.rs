@@ -1,4 +1,4 @@
-//! What the OpenAPI documents of both APIs share (`CONTRACT.md` §2, `/openapi.json`).
+//! What the OpenAPI documents of both APIs share (`docs/reference/contract.md` §2, `/openapi.json`).
 //!
 //! Each API derives its document with utoipa from the handlers themselves (`#[utoipa::path]`
 //! next to each handler, routes registered through `utoipa_axum`, so a route cannot exist

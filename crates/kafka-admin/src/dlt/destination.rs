@@ -32,7 +32,7 @@ pub fn source_of(dlt_topic: &str) -> Option<&str> {
 /// topic prefix included, as on the broker): only to the source of `dlt_topic` or to one of
 /// its retry topics, `<source>-retry-<ms>` with `<ms>` a positive number written plainly.
 /// Anything else would let whoever writes the dead-letter topic reach another topic through an
-/// operator's replay (`CONTRACT.md` §3).
+/// operator's replay (`docs/reference/contract.md` §3).
 pub fn check_destination(dlt_topic: &str, destination: &str) -> Result<(), Refusal> {
     let source = source_of(dlt_topic).ok_or_else(|| Refusal::NoSource { dlt_topic: dlt_topic.to_owned() })?;
     if destination == source {

@@ -1,4 +1,4 @@
-//! The accounts API (`CONTRACT.md` §2, *ledger*): `POST /contas`, `POST /contas/{id}/depositos`,
+//! The accounts API (`docs/reference/contract.md` §2, *ledger*): `POST /contas`, `POST /contas/{id}/depositos`,
 //! `GET /contas/{id}`, `GET /contas/{id}/lancamentos`, and the OpenAPI document.
 //!
 //! Money enters the books only here: an opening balance or a deposit is a double entry from the

@@ -1,4 +1,4 @@
-//! The accounts API's OpenAPI 3.1 document, served at `GET /openapi.json` (`CONTRACT.md` §2),
+//! The accounts API's OpenAPI 3.1 document, served at `GET /openapi.json` (`docs/reference/contract.md` §2),
 //! derived by utoipa from the handlers' `#[utoipa::path]` attributes and the types they answer
 //! with.
 //!

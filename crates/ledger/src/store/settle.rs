@@ -43,6 +43,8 @@ pub struct Settlement {
 /// outcome is stored, the money moves as one `D` and one `C` entry, and the outcome event goes
 /// to the outbox. A transfer rejected by the rules does not affect the others. Duplicates
 /// within `requests` count once.
+// Over 100 lines on purpose: every step runs inside the one database transaction over the same
+// locked accounts and per-batch maps; split, each part would take all of them.
 pub async fn settle(
     pool: &PgPool,
     requests: &[Request],

@@ -48,7 +48,7 @@ pub fn service(topics: &TestTopics, subcommand: &str) -> Command {
         .stderr(log)
         .kill_on_drop(true);
     // the chaos suite's cluster in network namespaces (10.202.n.2) is on this machine but not
-    // on loopback: its plaintext brokers need the opt-in (CONTRACT.md §1, tests/transport.rs)
+    // on loopback: its plaintext brokers need the opt-in (docs/reference/contract.md §1, tests/transport.rs)
     let security = topics.args.security.protocol;
     if !kafka::config::plaintext_off_machine(&topics.args.bootstrap_servers, security).is_empty() {
         command.env("PAGAMENTOS_INSECURE_TRANSPORT", "true");

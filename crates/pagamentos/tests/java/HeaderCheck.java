@@ -1,6 +1,6 @@
 // Reads the retry records and dead letters that pagamentos wrote with kafka-clients' own API,
 // the way Spring Kafka reads them (Headers.lastHeader, TimestampType.forName, ByteBuffer,
-// new BigInteger(bytes)), and checks every header of CONTRACT.md §3 that it finds; and that
+// new BigInteger(bytes)), and checks every header of docs/reference/contract.md §3 that it finds; and that
 // the original record's partition is the one Java's partitioner picks for its key.
 //
 // Run by crates/pagamentos/tests/spring_headers.rs as a single-file program:

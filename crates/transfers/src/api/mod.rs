@@ -1,4 +1,4 @@
-//! The HTTP API (`CONTRACT.md` §2, *transferencias*).
+//! The HTTP API (`docs/reference/contract.md` §2, *transferencias*).
 //!
 //! # Layout
 //! - [`transfers`]: `POST /transferencias`, `GET /transferencias/{id}`, `GET /transferencias`.

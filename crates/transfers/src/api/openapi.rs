@@ -1,4 +1,4 @@
-//! The API's OpenAPI 3.1 document, served at `GET /openapi.json` (`CONTRACT.md` §2), derived by
+//! The API's OpenAPI 3.1 document, served at `GET /openapi.json` (`docs/reference/contract.md` §2), derived by
 //! utoipa from the handlers' `#[utoipa::path]` attributes and the types they answer with.
 //!
 //! The request body is read field by field (so every broken rule gets its own message), not

@@ -27,6 +27,7 @@ pub mod domain;
 pub mod events;
 pub mod headers;
 pub mod ids;
+pub mod money;
 #[cfg(feature = "openapi")]
 pub mod schema;
 pub mod time;

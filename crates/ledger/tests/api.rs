@@ -1,7 +1,7 @@
 //! The accounts API (docs/reference/contract.md §2) on the real service: status codes, problem+json, money
 //! moved as double entries, idempotent deposits, tokens.
 
-mod common;
+use crate::common;
 
 use reqwest::{Response, StatusCode};
 use serde_json::{json, Value};

@@ -6,7 +6,7 @@
 //! own `settlement::decide`. After every step the outcomes agree; at the end the balances, the
 //! decisions, the entries and the invariants do.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 

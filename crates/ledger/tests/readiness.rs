@@ -2,7 +2,7 @@
 //! probes need no credentials, but only the admin token reads why (the failing check and its
 //! error); without it, or with the API token, the body is `not ready` alone.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

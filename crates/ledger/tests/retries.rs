@@ -6,7 +6,7 @@
 //! SQLSTATE 40001 (serialization failure) for one transfer while a sequence, which a rollback
 //! does not undo, is below a threshold.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Settlement against the real stack: the article's duplicate delivery, every rejection,
 //! pinned outcomes, batches with mixed outcomes, poison records, crossing transfers.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 

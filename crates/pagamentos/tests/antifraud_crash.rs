@@ -3,7 +3,7 @@
 //! zombie; a `read_committed` reader sees exactly one output per input, reading the topics to
 //! their end once the services are stopped.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::Duration;

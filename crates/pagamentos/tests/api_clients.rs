@@ -7,7 +7,7 @@
 //! its Idempotency-Keys are its own; a revoked token is `401` at once, in both APIs. The shared
 //! API token still reaches every account. Each test has its own databases and topics.
 
-mod common;
+use crate::common;
 
 use serde_json::{json, Value};
 use sqlx::postgres::PgConnectOptions;

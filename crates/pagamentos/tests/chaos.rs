@@ -52,9 +52,8 @@
 //! The tests are here; the schedule, the workload, the run and its checks are the harness's
 //! (`common/chaos/`: `schedule.rs`, `workload.rs`, `bank.rs`, `checks.rs`).
 
-mod common;
-#[path = "common/chaos/mod.rs"]
-mod harness;
+use crate::common;
+use crate::common::chaos as harness;
 
 use common::system::System;
 use harness::bank::bank_under_faults;

@@ -8,9 +8,9 @@
 //!   the timeout are retried (even with `LEDGER_RETRIES=0`), never dead-lettered.
 //!
 //! Both stop and pause a cluster, so they run alone in `scripts/test`:
-//! `cargo test -p pagamentos --test database_faults -- --ignored --test-threads=1`
+//! `cargo nextest run --workspace --run-ignored only -E 'test(/^database_faults::/)'`
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

@@ -12,7 +12,7 @@
 //! The issuer flag locked (issue #46): `ledger_app` may update an account's balance only, never
 //! its `emissor` flag, currency or id, and no account but `EMISSOR-<moeda>` can be an issuer.
 
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! only to the admin token; `/metrics` on a listener of its own (`PAGAMENTOS_METRICS_LISTEN`)
 //! is served there and no longer on the service ports.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -7,9 +7,9 @@
 //! the operator's user creates topics.
 //!
 //! `#[ignore]`d: they need the secure broker, which `scripts/test` starts before running them
-//! (`cargo test -p pagamentos --test kafka_security -- --ignored`). Without it they fail.
+//! (`cargo nextest run --workspace --run-ignored only -E 'group(secured-broker)'`). Without it they fail.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

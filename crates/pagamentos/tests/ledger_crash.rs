@@ -2,7 +2,7 @@
 //! Every transfer is decided once and moves money once, the books stay balanced, and every
 //! outcome event that reaches Kafka is the same bytes however often the outbox sent it.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::Duration;

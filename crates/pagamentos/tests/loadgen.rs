@@ -3,7 +3,7 @@
 //! due (a stall shows), `lost` and exit 1 when transfers never finish, clear errors on bad
 //! input.
 
-mod common;
+use crate::common;
 
 use std::process::{Output, Stdio};
 use std::time::Duration;

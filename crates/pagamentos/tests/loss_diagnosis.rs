@@ -4,8 +4,7 @@
 //! producer (one transactional.id, so librdkafka gives all three the same producer id and epoch):
 //! it must tell them apart by their markers.
 
-#[path = "common/chaos/dump.rs"]
-mod dump;
+use crate::common::chaos::dump;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! while records wait in the retry topics loses none of them, and dead letters are replayed
 //! once, never twice.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -15,7 +15,7 @@
 //! It needs root (`ip netns`), which `scripts/test` has; it uses the shared broker and database
 //! without disturbing them, so it runs with the rest.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;

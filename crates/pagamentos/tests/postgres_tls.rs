@@ -3,7 +3,7 @@
 //! command honours `sslmode=verify-full&sslrootcert=…` in its database URL: with the stack's CA
 //! it connects over TLS, with any other CA it refuses to talk to the server.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -5,7 +5,7 @@
 //! of the test's own, scraping `pagamentos all` through traffic with a dead letter, answers every
 //! query of the dashboard `pagamentos.json` with data and holds `DeadLettersWaiting` active.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -8,7 +8,7 @@
 //! ledger's outcome event again, with its own `eventoId`, and the transfer ends as the ledger
 //! decided, no money moved.
 
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 use std::time::Duration;

@@ -12,7 +12,7 @@
 //!   may be committing when it is dropped; here it was still waiting for the lock, so it was
 //!   rolled back and the key creates the transfer, once).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -18,7 +18,7 @@
 //! (into `~/.cache/pagamentos`) and names in `SCHEMATHESIS`. `PAGAMENTOS_SCHEMATHESIS_SECONDS`
 //! (default 40) is each run's time budget (four runs: two APIs, two tokens).
 
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 

@@ -3,7 +3,7 @@
 //! transfer end to end (API, antifraude, ledger, webhook delivered), and its whole log is then
 //! searched for every one of them.
 
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 

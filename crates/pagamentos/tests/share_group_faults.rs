@@ -5,7 +5,7 @@
 //! Duplicates are allowed (delivery is at least once; receivers dedupe by `Idempotency-Key`),
 //! and counted. The in-process tests of the mode are `crates/notifications/tests/share_group.rs`.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::path::PathBuf;

@@ -7,7 +7,7 @@
 //! header that does not parse or has the wrong value, or on an original record that is not on
 //! the partition Java's partitioner picks for its key.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

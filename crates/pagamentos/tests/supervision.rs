@@ -2,7 +2,7 @@
 //! process with a non-zero exit, naming the task, instead of leaving a process that serves
 //! `/readyz` 200 while it does nothing. An ordinary SIGTERM still exits 0.
 
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 use std::time::Duration;

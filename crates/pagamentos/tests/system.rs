@@ -2,7 +2,7 @@
 //! their final status through all four services, the books stay provably balanced, and a
 //! SIGTERM under load loses and doubles nothing.
 
-mod common;
+use crate::common;
 
 use common::system::System;
 

@@ -14,7 +14,7 @@
 //! names, `::1`, …) is unit-tested next to the rule (`telemetry::transport`, `kafka::config`,
 //! `database`).
 
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};

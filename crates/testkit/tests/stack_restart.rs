@@ -2,7 +2,7 @@
 //!
 //! These restart the one shared stack, so they would break every test running beside them:
 //! they are `#[ignore]`d and `scripts/test` runs them alone, after the rest of the suite
-//! (`cargo test --workspace --test stack_restart -- --ignored --test-threads=1`).
+//! (group `alone` of `.config/nextest.toml`).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! The transfers API against the real stack: what a client sees, and what reaches Kafka.
 
-mod common;
+use crate::common;
 
 use kafka::rdkafka::message::Message;
 use serde_json::{json, Value};

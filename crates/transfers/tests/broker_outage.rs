@@ -2,7 +2,7 @@
 //! is back, in per-key order. Restarts the shared broker, so it is `#[ignore]`d and run alone
 //! by `scripts/test` after the rest of the suite.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! Per-key acceptance order through the API's group commit: the rows of one batch are one
 //! transaction's, so the relay must keep their order (`sequencia`) on the way to the broker.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 

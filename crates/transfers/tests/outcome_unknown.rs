@@ -4,7 +4,7 @@
 //! between the service and PostgreSQL forwards `COMMIT` of a transaction that inserted a
 //! transfer, then cuts both connections without passing the answer on.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -1,6 +1,6 @@
 //! The status projection against the real stack: outcome events set final statuses once.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,5 +1,6 @@
 //! What the tests that run the real binary share.
 
+pub mod chaos;
 pub mod system;
 
 use std::process::Stdio;

@@ -145,6 +145,9 @@ async fn open_transactions(system: &System, topic: &str, lost: &[&String]) {
 /// without its outputs; a single hole at something else); then, from the broker's own logs
 /// ([`super::dump`]), the transactional commit that passed each one, the range of offsets it
 /// claims and what its transaction wrote on the output topics.
+// Over 100 lines on purpose: one diagnosis, top to bottom: where the lost transfers' records are,
+// the group's committed offsets there and what the broker's logs say, each step reading what the
+// last found.
 async fn unanalysed_requests(
     system: &System,
     lost: &[&String],

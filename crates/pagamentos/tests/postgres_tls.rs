@@ -1,7 +1,7 @@
 //! TLS to PostgreSQL (issue #25): the stack's server offers TLS with a certificate for
-//! `localhost` and `127.0.0.1` signed by the stack's CA (`scripts/stack`, `pg_tls`), and every
-//! command honours `sslmode=verify-full&sslrootcert=…` in its database URL: with the stack's CA
-//! it connects over TLS, with any other CA it refuses to talk to the server.
+//! `localhost` and `127.0.0.1` signed by the stack's CA (`scripts/stack.d/postgres.sh`,
+//! `pg_tls`), and every command honours `sslmode=verify-full&sslrootcert=…` in its database URL:
+//! with the stack's CA it connects over TLS, with any other CA it refuses to talk to the server.
 
 use crate::common;
 

@@ -533,9 +533,12 @@ mod tests {
 
     #[tokio::test]
     async fn metrics_render_prometheus_text() {
+        // the router installs the recorder: what is recorded before it goes nowhere (in a process
+        // of its own, as cargo nextest runs each test, nothing installed one earlier)
+        let app = router(open(Vec::new()), MetricsRoute::ServicePort);
         metrics::counter!("telemetry_test_total", "topic" => "t").increment(3);
         metrics::histogram!("telemetry_test_seconds").record(0.02);
-        let (status, body) = get(router(open(Vec::new()), MetricsRoute::ServicePort), "/metrics").await;
+        let (status, body) = get(app, "/metrics").await;
         assert_eq!(status, StatusCode::OK);
         assert!(body.contains("telemetry_test_total{topic=\"t\"} 3"), "{body}");
         assert!(body.contains("telemetry_test_seconds_bucket{le=\"0.025\"} 1"), "{body}");

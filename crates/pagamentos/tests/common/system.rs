@@ -12,7 +12,19 @@ use testkit::{TestDatabase, TestTopics};
 
 /// A free local port (bound, read, released: the service binds it a moment later).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port()
+    use rand::Rng as _;
+    // A port the kernel hands out for `bind(0)` (its ephemeral range, 32768-60999 on Linux) can be
+    // taken between this check and the service's own bind by any other socket bound to port 0
+    // (this test's webhook receiver, another test process): drawn below that range instead, at
+    // random, and checked free.
+    let mut rng = rand::rng();
+    for _ in 0..1_000 {
+        let port = rng.random_range(20_000..32_000);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port between 20000 and 32000 on 127.0.0.1");
 }
 
 pub struct System {

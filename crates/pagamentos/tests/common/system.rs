@@ -16,11 +16,17 @@ pub fn free_port() -> u16 {
     // A port the kernel hands out for `bind(0)` (its ephemeral range, 32768-60999 on Linux) can be
     // taken between this check and the service's own bind by any other socket bound to port 0
     // (this test's webhook receiver, another test process): drawn below that range instead, at
-    // random, and checked free.
+    // random, checked free, and never handed out twice in one test process (a port given and
+    // not yet bound looks free: with a repeat, two services of one `pagamentos all` would be
+    // given the same port, and the second could not listen).
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
     let mut rng = rand::rng();
     for _ in 0..1_000 {
         let port = rng.random_range(20_000..32_000);
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        let mut given = GIVEN.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !given.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.insert(port);
             return port;
         }
     }

@@ -131,10 +131,6 @@ impl service::Service for Antifraud {
         args.listen
     }
 
-    fn databases(_args: &AntifraudArgs) -> Vec<(&'static str, String)> {
-        Vec::new()
-    }
-
     fn start(
         settings: Settings,
         supervisor: &Supervisor,

@@ -230,8 +230,8 @@ impl service::Service for Ledger {
         args.listen
     }
 
-    fn databases(args: &LedgerArgs) -> Vec<(&'static str, String)> {
-        vec![("LEDGER_DATABASE_URL", args.database_url.clone())]
+    fn databases(args: &LedgerArgs) -> Vec<(&'static str, &str)> {
+        vec![("LEDGER_DATABASE_URL", args.database_url.as_str())]
     }
 
     fn start(

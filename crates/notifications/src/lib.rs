@@ -184,10 +184,6 @@ impl service::Service for Notifications {
         args.listen
     }
 
-    fn databases(_args: &NotificationsArgs) -> Vec<(&'static str, String)> {
-        Vec::new()
-    }
-
     fn start(
         settings: Settings,
         supervisor: &Supervisor,

@@ -209,12 +209,9 @@ where
     S::Auth: clap::Args,
 {
     let ServiceCommand { args, auth, common } = command;
-    let databases = S::databases(&args);
-    let urls: Vec<(&'static str, &str)> =
-        databases.iter().map(|(setting, url)| (*setting, url.as_str())).collect();
-    let warnings = common.check(S::NAME, &urls)?;
+    let warnings = common.check(S::NAME, &S::databases(&args))?;
     let metrics_listen = common.metrics_listen;
-    let listens = [(S::NAME, S::LISTEN_VARIABLE, S::listen(&args))];
+    let listens = [S::listen_setting(&args)];
     let settings = service::Settings {
         metrics: common.metrics_route(),
         args,
@@ -233,13 +230,9 @@ where
 /// The four services in one process: one runtime, one telemetry set-up, one shutdown signal
 /// that drains every loop; each service keeps its own port.
 pub async fn all(command: AllCommand) -> anyhow::Result<ExitCode> {
-    let warnings = command.common.check(
-        "all",
-        &[
-            ("TRANSFERENCIAS_DATABASE_URL", command.transfers.database_url.as_str()),
-            ("LEDGER_DATABASE_URL", command.ledger.database_url.as_str()),
-        ],
-    )?;
+    let databases =
+        [transfers::Transfers::databases(&command.transfers), ledger::Ledger::databases(&command.ledger)];
+    let warnings = command.common.check("all", &databases.concat())?;
     let AllCommand {
         transfers: transfers_args,
         ledger: ledger_args,
@@ -251,10 +244,10 @@ pub async fn all(command: AllCommand) -> anyhow::Result<ExitCode> {
     let metrics_listen = common.metrics_listen;
     let metrics = common.metrics_route();
     let listens = [
-        ("transferencias", "TRANSFERENCIAS_LISTEN", transfers_args.listen),
-        ("ledger", "LEDGER_LISTEN", ledger_args.listen),
-        ("antifraude", "ANTIFRAUDE_LISTEN", antifraud_args.listen),
-        ("notificacoes", "NOTIFICACOES_LISTEN", notifications_args.listen),
+        transfers::Transfers::listen_setting(&transfers_args),
+        ledger::Ledger::listen_setting(&ledger_args),
+        antifraud::Antifraud::listen_setting(&antifraud_args),
+        notifications::Notifications::listen_setting(&notifications_args),
     ];
     serve("all", metrics_listen, &listens, warnings, |supervisor| async move {
         let CommonArgs { kafka, topics, profile, .. } = common;

@@ -150,8 +150,16 @@ pub trait Service {
     /// The address it listens on, from its options.
     fn listen(args: &Self::Args) -> SocketAddr;
 
-    /// Its databases' URLs, each with its setting's name, for the transport check at start.
-    fn databases(args: &Self::Args) -> Vec<(&'static str, String)>;
+    /// Its databases' URLs, each with its setting's name, for the transport check at start
+    /// (none by default).
+    fn databases(_args: &Self::Args) -> Vec<(&'static str, &str)> {
+        Vec::new()
+    }
+
+    /// Its name, listen setting and address, for the port-conflict refusal.
+    fn listen_setting(args: &Self::Args) -> (&'static str, &'static str, SocketAddr) {
+        (Self::NAME, Self::LISTEN_VARIABLE, Self::listen(args))
+    }
 
     /// Starts its tasks on `supervisor`; returns the address it serves on.
     fn start(

@@ -203,8 +203,8 @@ impl service::Service for Transfers {
         args.listen
     }
 
-    fn databases(args: &TransfersArgs) -> Vec<(&'static str, String)> {
-        vec![("TRANSFERENCIAS_DATABASE_URL", args.database_url.clone())]
+    fn databases(args: &TransfersArgs) -> Vec<(&'static str, &str)> {
+        vec![("TRANSFERENCIAS_DATABASE_URL", args.database_url.as_str())]
     }
 
     fn start(

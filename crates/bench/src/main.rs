@@ -9,11 +9,14 @@
 
 #![forbid(unsafe_code)]
 
+mod floor;
 mod plot;
 mod procs;
 mod prom;
+mod rounds;
 mod summary;
 mod system;
+mod targets;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -27,23 +30,40 @@ use loadgen::Report;
 use procs::Part;
 use prom::Hop;
 use summary::{ratio, summary};
-use system::System;
 
-/// The standard benchmark: the same loads against `--profile reference` and `--profile fast`.
+/// The standard benchmark: the same loads against the current binary and, with `--baseline`,
+/// a baseline binary in rounds A B B A on one stack, plus the floor program and the reference
+/// profile; every target a ratio within this run.
 #[derive(Debug, Parser)]
 #[command(name = "pagamentos-bench")]
 struct Args {
-    /// Profiles to run, in order.
-    #[arg(long, value_delimiter = ',', default_value = "reference,fast", value_parser = ["reference", "fast"])]
+    /// Profiles to run: `fast` runs the rounds (every load, each binary), `reference` runs flat
+    /// out once with the current binary after them (the contract's comparison line).
+    #[arg(long, value_delimiter = ',', default_value = "fast,reference", value_parser = ["reference", "fast"])]
     profiles: Vec<String>,
 
-    /// Seconds of each main load (flat out, 200/s, Zipf).
+    /// A pagamentos binary measured beside the current one: rounds baseline, current, current,
+    /// baseline (A B B A), each on fresh databases and topics, every figure compared as
+    /// current ÷ baseline. Without it, one round of the current binary.
+    #[arg(long)]
+    baseline: Option<PathBuf>,
+
+    /// The baseline's commit, for the records.
+    #[arg(long, env = "PAGAMENTOS_BENCH_BASELINE_COMMIT", default_value = "baseline")]
+    baseline_commit: String,
+
+    /// Seconds of each main load (25/s, 200/s, flat out, Zipf, hot accounts).
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
     duration: u64,
 
     /// Seconds of each load of the sweep.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     sweep_duration: u64,
+
+    /// Longest warm-up of a round, in seconds: 200/s in 5 s chunks until two chunks in a row
+    /// have a p50 within 15 % of each other.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(5..))]
+    warm_up_max: u64,
 
     /// Accounts of each load.
     #[arg(long, default_value_t = 1000)]
@@ -62,26 +82,29 @@ struct Args {
     #[arg(long, default_value = "zipf:1.1")]
     skew: String,
 
-    /// Loads to run, in the order given (the sweep last): `flat` (closed loop, uniform), `200`
-    /// (200/s open loop), `zipf` (flat out with --skew), `hot-credit` and `hot-debit` (flat out,
-    /// every transfer crediting, resp. debiting, one account), `sweep` (the open-loop rates of
-    /// the plot).
+    /// Loads of each round, in the order given (the sweep last): `25` and `200` (open loop at
+    /// that rate), `flat` (closed loop, uniform), `zipf` (flat out with --skew), `hot-credit`
+    /// and `hot-debit` (flat out, every transfer crediting, resp. debiting, one account),
+    /// `sweep` (the open-loop rates of the plot).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "flat,200,zipf,hot-credit,hot-debit,sweep",
-        value_parser = ["flat", "200", "zipf", "hot-credit", "hot-debit", "sweep"]
+        default_value = "25,200,flat,hot-credit,hot-debit,sweep",
+        value_parser = ["25", "200", "flat", "zipf", "hot-credit", "hot-debit", "sweep"]
     )]
     loads: Vec<String>,
 
-    /// Offered rates (transfers/s) of the fast profile's sweep. 25 and 50, as the reference's
-    /// first two: the chain's own cost with the machine nearly idle, next to the loaded points.
-    #[arg(long, value_delimiter = ',', default_value = "25,50,100,200,400,800,1200,1600")]
+    /// Offered rates (transfers/s) of the sweep; the plot adds the 25/s and 200/s loads.
+    #[arg(long, value_delimiter = ',', default_value = "50,100,400,800,1200")]
     fast_rates: Vec<u32>,
 
-    /// Offered rates of the reference profile's sweep (its capacity is far lower).
-    #[arg(long, value_delimiter = ',', default_value = "25,50,75,100")]
-    reference_rates: Vec<u32>,
+    /// Rates (messages/s) of the floor program, run in each round before the system starts.
+    #[arg(long, value_delimiter = ',', default_value = "25,200")]
+    floor_rates: Vec<u32>,
+
+    /// Skip the floor program.
+    #[arg(long)]
+    no_floor: bool,
 
     /// A PostgreSQL database to connect to for creating (and dropping) the runs' databases.
     #[arg(
@@ -114,6 +137,10 @@ struct Args {
 /// One load of one profile, measured.
 #[derive(Debug, Clone, Serialize)]
 struct Measured {
+    /// `current`, `baseline`, or `floor` (the floor program: its "pagamentos" CPU is this driver's).
+    binary: String,
+    /// The round (0-based) it ran in.
+    round: usize,
     profile: String,
     load: String,
     /// Open-loop rate, or null for closed loop (flat out).
@@ -221,10 +248,10 @@ fn main_loads(args: &Args) -> Vec<(String, Option<u32>, Vec<String>)> {
         .iter()
         .filter_map(|load| match load.as_str() {
             "flat" => Some(("flat out".to_owned(), None, flat_out(None))),
-            "200" => Some((
-                "200/s".to_owned(),
-                Some(200),
-                vec!["--rate".into(), "200".into(), "--duration".into(), duration.clone()],
+            rate @ ("25" | "200") => Some((
+                format!("{rate}/s"),
+                rate.parse().ok(),
+                vec!["--rate".into(), rate.to_owned(), "--duration".into(), duration.clone()],
             )),
             "zipf" => Some((format!("flat out {}", args.skew), None, flat_out(Some(&args.skew)))),
             hot @ ("hot-credit" | "hot-debit") => {
@@ -251,62 +278,39 @@ async fn main() -> anyhow::Result<()> {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.out).with_context(|| format!("create {}", args.out.display()))?;
-    let binary = match &args.pagamentos {
+    let current = match &args.pagamentos {
         Some(path) => path.clone(),
         None => std::env::current_exe()?.with_file_name("pagamentos"),
     };
-    if !binary.exists() {
-        bail!("{} does not exist (build it: cargo build --release -p pagamentos)", binary.display());
+    for binary in std::iter::once(&current).chain(&args.baseline) {
+        if !binary.exists() {
+            bail!("{} does not exist (build it: cargo build --release -p pagamentos)", binary.display());
+        }
     }
     let run = format!("{}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs());
     let mut runs = Vec::new();
-    let mut sweeps = Vec::new();
-    for profile in &args.profiles {
-        let system = System::start(&args, &binary, profile, &run).await?;
-        let loads = main_loads(&args);
-        // a first, unrecorded load: producers' transactions initialised, partition leaders
-        // known, connection pools filled, so the first measured load does not pay for them
-        let warm_up = ["--rate", "100", "--duration", "3"].map(String::from);
-        let mut outcome = system.measure(&args, &binary, "warm-up", Some(100), &warm_up).await.map(drop);
-        for (load, offered, extra) in loads.iter().filter(|_| outcome.is_ok()) {
-            match system.measure(&args, &binary, load, *offered, extra).await {
-                Ok(measured) => runs.push(measured),
-                Err(error) => {
-                    outcome = Err(error);
-                    break;
-                }
-            }
-        }
-        let rates = if profile == "fast" { &args.fast_rates } else { &args.reference_rates };
-        let rates = if args.loads.iter().any(|load| load == "sweep") { rates.as_slice() } else { &[] };
-        let mut points = Vec::new();
-        for &rate in rates.iter().filter(|_| outcome.is_ok()) {
-            let extra =
-                vec!["--rate".into(), rate.to_string(), "--duration".into(), args.sweep_duration.to_string()];
-            match system.measure(&args, &binary, &format!("sweep {rate}/s"), Some(rate), &extra).await {
-                Ok(measured) => {
-                    points.push((
-                        f64::from(rate),
-                        measured.report.latency_ms.p50,
-                        measured.report.latency_ms.p99,
-                    ));
-                    runs.push(measured);
-                }
-                Err(error) => {
-                    outcome = Err(error);
-                    break;
-                }
-            }
-        }
-        sweeps.push(plot::Series { profile: profile.clone(), points });
-        system.stop(&args).await?;
-        outcome?;
-    }
-
-    let flat = |profile: &str| {
-        runs.iter().find(|run| run.profile == profile && run.load == "flat out").map(|run| run.report.clone())
+    let mut warm_ups = Vec::new();
+    let plan = rounds::plan(&current, args.baseline.as_deref());
+    let outcome = if args.profiles.iter().any(|profile| profile == "fast") {
+        rounds::fast(&args, &plan, &run, &mut runs, &mut warm_ups).await
+    } else {
+        Ok(())
     };
-    let (fast, reference) = (flat("fast"), flat("reference"));
+    let outcome = match outcome {
+        Ok(()) if args.profiles.iter().any(|profile| profile == "reference") => {
+            rounds::reference(&args, &current, &run, plan.len(), &mut runs).await
+        }
+        other => other,
+    };
+
+    // the contract's line: the current binary's last flat-out round against the reference
+    let flat = |binary: &str, profile: &str| {
+        runs.iter()
+            .rev()
+            .find(|run| run.binary == binary && run.profile == profile && run.load == "flat out")
+            .map(|run| run.report.clone())
+    };
+    let (fast, reference) = (flat("current", "fast"), flat("current", "reference"));
     let ratios = match (&fast, &reference) {
         (Some(fast), Some(reference)) => Some(Ratios {
             throughput: ratio(fast.throughput_per_s, reference.throughput_per_s),
@@ -316,6 +320,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     let comparison = Comparison { fast, reference, ratio: ratios };
     let comparison_json = serde_json::to_string(&comparison)?;
+    let targets = targets::Targets::from_runs(&runs);
     let date = String::from_utf8_lossy(
         &std::process::Command::new("date").arg("-u").arg("+%Y-%m-%d").output()?.stdout,
     )
@@ -323,20 +328,24 @@ async fn run(args: Args) -> anyhow::Result<()> {
     .to_owned();
     let plot_name = format!("latency-vs-load-{date}-{}.png", args.commit);
     plot::latency_vs_load(
-        &sweeps,
-        &format!("pagamentos {date} ({}): latency vs offered load", args.commit),
+        &rounds::series(&runs),
+        &format!("pagamentos {date} ({} vs {}): latency vs offered load", args.commit, args.baseline_commit),
         &args.out.join("latency-vs-load.svg"),
         &args.out.join(&plot_name),
     )?;
     std::fs::write(
         args.out.join("results.json"),
-        serde_json::to_string_pretty(&serde_json::json!({"runs": runs, "comparison": comparison}))?,
+        serde_json::to_string_pretty(&serde_json::json!({
+            "runs": runs, "warm_ups": warm_ups, "targets": targets, "comparison": comparison
+        }))?,
     )?;
     std::fs::write(
         args.out.join("summary.md"),
-        summary(&args, &runs, &comparison_json, &date, &format!("bench/{plot_name}")),
+        summary(&args, &runs, &warm_ups, &targets, &comparison_json, &date, &format!("bench/{plot_name}")),
     )?;
     eprintln!("bench: results, summary and plot in {}", args.out.display());
+    outcome?;
+    println!("{}", serde_json::to_string(&targets)?);
     println!("{comparison_json}");
     Ok(())
 }
@@ -366,10 +375,7 @@ mod tests {
         assert_eq!(extra.join(" "), "--rate 0 --concurrency 256 --duration 20 --skew hot-debit");
         let every = Args::parse_from(["pagamentos-bench", "--out", "/tmp/x"]);
         let names: Vec<String> = main_loads(&every).into_iter().map(|(name, _, _)| name).collect();
-        assert_eq!(
-            names,
-            ["flat out", "200/s", "flat out zipf:1.1", "flat out hot-credit", "flat out hot-debit"]
-        );
+        assert_eq!(names, ["25/s", "200/s", "flat out", "flat out hot-credit", "flat out hot-debit"]);
     }
 
     #[test]

@@ -40,7 +40,7 @@ pub fn latency_vs_load(
             .label_style(("sans-serif", 15))
             .draw()
             .map_err(|error| anyhow!("{error}"))?;
-        let colours = [RGBColor(0xd6, 0x27, 0x28), RGBColor(0x1f, 0x77, 0xb4)];
+        let colours = [RGBColor(0xd6, 0x27, 0x28), RGBColor(0x1f, 0x77, 0xb4), RGBColor(0x2c, 0xa0, 0x2c)];
         for (index, one) in series.iter().enumerate() {
             let colour = colours[index % colours.len()];
             for (label, pick, dashed) in [("p50", 1usize, false), ("p99", 2usize, true)] {

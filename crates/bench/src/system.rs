@@ -26,9 +26,27 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// Seconds of each warm-up chunk.
+const WARM_UP_CHUNK_SECONDS: u64 = 5;
+/// Two chunks whose p50s differ by at most this share of the larger are steady.
+const WARM_UP_STEADY: f64 = 0.15;
+
+/// How a round's warm-up went: each chunk's p50 at 200/s, until steady or `--warm-up-max`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct WarmUp {
+    pub round: usize,
+    pub binary: String,
+    pub seconds: f64,
+    pub p50_ms: Vec<f64>,
+    pub steady: bool,
+}
+
 /// A profile's running system.
 pub(crate) struct System {
     profile: String,
+    /// Which binary runs (`current`, `baseline`) and in which round.
+    binary: String,
+    round: usize,
     child: Child,
     ports: [u16; 4],
     prefix: String,
@@ -39,7 +57,15 @@ pub(crate) struct System {
 }
 
 impl System {
-    pub(crate) async fn start(args: &Args, binary: &Path, profile: &str, run: &str) -> anyhow::Result<Self> {
+    /// Starts `binary` (the `label`led one) under `profile` for round `round` of run `run`.
+    pub(crate) async fn start(
+        args: &Args,
+        (label, binary): (&str, &Path),
+        profile: &str,
+        run: &str,
+        round: usize,
+    ) -> anyhow::Result<Self> {
+        let run = format!("{run}r{round}");
         let databases =
             [format!("bench_{run}_{profile}_transferencias"), format!("bench_{run}_{profile}_ledger")];
         let mut admin = PgConnection::connect(&args.database_url).await.context("connect to PostgreSQL")?;
@@ -52,7 +78,8 @@ impl System {
         let base = args.database_url.rsplit_once('/').map_or(args.database_url.as_str(), |(base, _)| base);
         let ports = [free_port()?, free_port()?, free_port()?, free_port()?];
         let prefix = format!("bench-{run}-{profile}.");
-        let log = std::fs::File::create(args.out.join(format!("{profile}.log")))?;
+        let log_name = format!("{round}-{label}-{profile}.log");
+        let log = std::fs::File::create(args.out.join(&log_name))?;
         let tokens =
             [format!("bench-api-{}", uuid::Uuid::new_v4()), format!("bench-admin-{}", uuid::Uuid::new_v4())];
         let child = Command::new(binary)
@@ -79,6 +106,8 @@ impl System {
             .with_context(|| format!("start {}", binary.display()))?;
         let system = Self {
             profile: profile.to_owned(),
+            binary: label.to_owned(),
+            round,
             child,
             ports,
             prefix,
@@ -94,7 +123,7 @@ impl System {
                     break;
                 }
                 if Instant::now() > deadline {
-                    bail!("{url} not ready after 120 s (see {}.log)", profile);
+                    bail!("{url} not ready after 120 s (see {log_name})");
                 }
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
@@ -134,9 +163,40 @@ impl System {
         Ok(())
     }
 
+    /// Loads the fresh system at 200/s in chunks of [`WARM_UP_CHUNK_SECONDS`] until two
+    /// chunks in a row have a p50 within [`WARM_UP_STEADY`] of each other (at least two chunks,
+    /// at most `--warm-up-max` seconds): a freshly started broker, PostgreSQL and service warm
+    /// their caches, JIT and pools over tens of seconds, and a fixed three seconds left the
+    /// first measured load of a round the slowest.
+    pub(crate) async fn warm_up(&self, args: &Args, binary: &Path) -> anyhow::Result<WarmUp> {
+        let extra = ["--rate", "200", "--duration", &WARM_UP_CHUNK_SECONDS.to_string()].map(String::from);
+        let started = Instant::now();
+        let mut p50_ms: Vec<f64> = Vec::new();
+        let steady = loop {
+            let chunk = self.measure(args, binary, "warm-up", Some(200), &extra, false).await?;
+            p50_ms.push(chunk.report.latency_ms.p50);
+            if let [.., before, last] = p50_ms.as_slice() {
+                if (last - before).abs() <= WARM_UP_STEADY * before.max(*last) {
+                    break true;
+                }
+            }
+            if started.elapsed().as_secs() + WARM_UP_CHUNK_SECONDS > args.warm_up_max {
+                break false;
+            }
+        };
+        Ok(WarmUp {
+            round: self.round,
+            binary: self.binary.clone(),
+            seconds: (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
+            p50_ms,
+            steady,
+        })
+    }
+
     /// Runs one load through `pagamentos loadgen` and measures around it.
     // Over 100 lines on purpose: the loadgen child, the CPU sampler and the broker and database
     // readings must bracket the same span.
+    /// `settle`: first wait `--settle-seconds` (not between the chunks of a warm-up).
     pub(crate) async fn measure(
         &self,
         args: &Args,
@@ -144,16 +204,19 @@ impl System {
         load: &str,
         offered: Option<u32>,
         extra: &[String],
+        settle: bool,
     ) -> anyhow::Result<Measured> {
         let pagamentos = self.child.id().ok_or_else(|| anyhow!("pagamentos all exited"))?;
-        tokio::time::sleep(Duration::from_secs(args.settle_seconds)).await;
+        if settle {
+            tokio::time::sleep(Duration::from_secs(args.settle_seconds)).await;
+        }
         let mut database = PgConnection::connect(&args.database_url).await?;
         let scrape_before = self.metrics().await?;
         let cpu_before = Parts { pagamentos, loadgen: None }.cpu_ticks();
         let commits_before = commits(&mut database).await?;
         let started = Instant::now();
 
-        eprintln!("bench: {} — {load}", self.profile);
+        eprintln!("bench: round {} {} {} — {load}", self.round, self.binary, self.profile);
         let child = Command::new(binary)
             .arg("loadgen")
             .args(["--accounts", &args.accounts.to_string()])
@@ -226,6 +289,8 @@ impl System {
             })
             .collect();
         let measured = Measured {
+            binary: self.binary.clone(),
+            round: self.round,
             profile: self.profile.clone(),
             load: load.to_owned(),
             offered_per_s: offered,
@@ -245,6 +310,6 @@ impl System {
 }
 
 /// Transactions committed in the whole cluster so far.
-async fn commits(database: &mut PgConnection) -> sqlx::Result<i64> {
+pub(crate) async fn commits(database: &mut PgConnection) -> sqlx::Result<i64> {
     sqlx::query_scalar("SELECT sum(xact_commit)::bigint FROM pg_stat_database").fetch_one(database).await
 }

@@ -4,25 +4,27 @@
 //! the event will be published; if it rolled back, the event never existed.
 //!
 //! # Layout
-//! - [`insert`]: add an event to the caller's transaction.
-//! - [`relay`]: the relay loop: one active relay per database (an advisory lock), batches
-//!   leased to the relay instance in a short transaction (`FOR UPDATE SKIP LOCKED`), published
-//!   with the idempotent producer, marked published once the broker acknowledged them.
-//! - [`metrics`]: `outbox_pendentes`, `outbox_oldest_pending_seconds`, `outbox_leased_rows`.
+//! - [`insert`]: add an event to the caller's transaction; [`Waker`]: wake this process's relay
+//!   after the commit.
+//! - [`relay`]: the relay loop: one active relay per database (an advisory lock) reads pending
+//!   rows in acceptance order (a plain indexed read: no lock, no write), publishes them with the
+//!   idempotent producer, and marks the acknowledged ones published on a second connection, off
+//!   the event's path.
+//! - [`metrics`]: `outbox_pendentes`, `outbox_oldest_pending_seconds` (the relay itself reports
+//!   `outbox_in_flight_rows` and `outbox_published_total`).
 //! - [`migrations`]: `outbox_evento`'s migrations, merged into each service's migrator.
 //!
 //! # Architecture invariant
 //! Knows the `outbox_evento` table and nothing else of a service's schema. It owns the table's
 //! migrations ([`migrations`]), which every service's migrator carries: the article's columns
-//! plus `traceparent`/`tracestate`, the acceptance order `sequencia`, the lease
-//! `reservado_por`/`reservado_ate`, the `NOTIFY outbox_evento` insert trigger (see
-//! [`NOTIFY_CHANNEL`]) and a fillfactor that leaves room on each page for the lease's in-place
-//! (heap-only) updates.
+//! plus `traceparent`/`tracestate`, the acceptance order `sequencia` and its partial index on
+//! pending rows, and the `NOTIFY outbox_evento` insert trigger (see [`NOTIFY_CHANNEL`]).
 //!
 //! # Guarantees
-//! At least once: a crash after the broker's acknowledgement and before the mark publishes the
-//! row again with the same `eventoId` once its lease ends (consumers deduplicate by it); a row
-//! is never lost, and never marked published without the broker's acknowledgement.
+//! At least once: a relay that dies (or stops leading) after the broker's acknowledgement and
+//! before the mark leaves the row pending, and the next leader publishes it again at once with
+//! the same `eventoId` (consumers deduplicate by it); a row is never lost, and never marked
+//! published without the broker's acknowledgement.
 //! Per-key order holds for events committed one after the other, because only the relay that
 //! holds the database's advisory lock publishes, in `sequencia` order, and the idempotent
 //! producer keeps each partition's order across retries.
@@ -34,13 +36,43 @@ pub mod metrics;
 pub mod migrations;
 pub mod relay;
 
+use std::sync::Arc;
+
 pub use error::Error;
+use futures::FutureExt;
 use sqlx::PgConnection;
+use tokio::sync::Notify;
 use uuid::Uuid;
 
 /// The channel the `outbox_evento` insert trigger notifies, so any writer (ours or a Java
 /// service on the same table) wakes the relay at once.
 pub const NOTIFY_CHANNEL: &str = "outbox_evento";
+
+/// Wakes the relay of this process at once: a local writer calls [`Waker::wake`] after it
+/// committed outbox rows, so the relay does not wait for the `NOTIFY` to come back through
+/// PostgreSQL (which still wakes whichever relay leads, in any process, for any writer).
+/// Wake-ups are not counted: many before the relay looks are one cycle, and one during a cycle
+/// makes the next cycle start at once. Cheap to clone; clones wake the same relay
+/// ([`relay::Relay::waker`]).
+#[derive(Debug, Clone, Default)]
+pub struct Waker(Arc<Notify>);
+
+impl Waker {
+    /// Announces rows committed just now.
+    pub fn wake(&self) {
+        self.0.notify_one();
+    }
+
+    /// Waits for a wake-up.
+    async fn woken(&self) {
+        self.0.notified().await;
+    }
+
+    /// Takes a wake-up that already arrived, without waiting.
+    fn take(&self) -> bool {
+        self.0.notified().now_or_never().is_some()
+    }
+}
 
 /// An event to publish.
 #[derive(Debug, Clone)]

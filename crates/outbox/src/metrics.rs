@@ -1,7 +1,7 @@
 //! The backlog gauges (`docs/reference/contract.md` §5): `outbox_pendentes` (unpublished rows) and
-//! `outbox_oldest_pending_seconds` (age of the oldest), labelled with the database; and ours,
-//! `outbox_leased_rows`: unpublished rows under a live relay lease (claimed, waiting for the
-//! broker's answer, or left by a relay that died until its lease ends).
+//! `outbox_oldest_pending_seconds` (age of the oldest), labelled with the database. Ours,
+//! `outbox_in_flight_rows` (what the leader has claimed and not yet seen marked) and
+//! `outbox_published_total`, come from the relay itself ([`crate::relay::Progress`]).
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -14,11 +14,10 @@ use tokio_util::sync::CancellationToken;
 /// pending rows keeps it cheap however large the published history is).
 pub const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 
-/// The current backlog: (rows, age of the oldest in seconds, rows under a live lease).
-pub async fn backlog(pool: &PgPool) -> Result<(i64, f64, i64), sqlx::Error> {
+/// The current backlog: (rows, age of the oldest in seconds).
+pub async fn backlog(pool: &PgPool) -> Result<(i64, f64), sqlx::Error> {
     sqlx::query_as(
-        "SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(criado_em))::float8, 0), \
-                count(*) FILTER (WHERE reservado_ate > now()) \
+        "SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(criado_em))::float8, 0) \
          FROM outbox_evento WHERE publicado_em IS NULL",
     )
     .fetch_one(pool)
@@ -52,12 +51,11 @@ pub async fn run(pool: PgPool, database: &'static str, measured: Backlog, shutdo
             _ = interval.tick() => {}
         }
         match backlog(&pool).await {
-            Ok((rows, oldest_seconds, leased)) => {
+            Ok((rows, oldest_seconds)) => {
                 measured.set(rows);
                 ::metrics::gauge!("outbox_pendentes", "database" => database).set(rows as f64);
                 ::metrics::gauge!("outbox_oldest_pending_seconds", "database" => database)
                     .set(oldest_seconds);
-                ::metrics::gauge!("outbox_leased_rows", "database" => database).set(leased as f64);
             }
             Err(error) => tracing::warn!(%error, database, "outbox backlog unreadable"),
         }

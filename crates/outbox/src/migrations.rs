@@ -168,7 +168,7 @@ mod tests {
         let versions: Vec<i64> = STANDALONE.iter().map(|migration| migration.version).collect();
         assert_eq!(
             versions,
-            [20261203000001, 20261203000002, 20261203000003, 20261203000004, 20261206000001]
+            [20261203000001, 20261203000002, 20261203000003, 20261203000004, 20261206000001, 20261208000047]
         );
         assert!(STANDALONE.iter().all(|migration| !migration.sql.contains(MARKER)));
     }

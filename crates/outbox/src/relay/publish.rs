@@ -1,20 +1,19 @@
 //! Step 2: the claimed rows sent to Kafka at once and the broker's answers awaited, by
-//! [`publish`] alone or by the relay's cycle, which renews the lease while it waits.
+//! [`publish`] alone or by the relay's cycle, which stops waiting at shutdown.
 
 use futures::future::join_all;
 use futures::stream::{FuturesUnordered, StreamExt};
-use sqlx::PgConnection;
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use kafka::producer::{Delivered, OutgoingRecord, Producer};
 
-use super::{renew, PendingEvent, Relay};
+use super::{PendingEvent, Relay};
 
 /// Step 2: publishes every event at once (enqueued in order, so each partition keeps it) and
 /// returns the ids the broker acknowledged. Waits for every answer: the relay's cycle uses
-/// [`Relay::deliver`], which renews the lease meanwhile and stops waiting at shutdown.
+/// [`Relay::deliver`], which stops waiting at shutdown.
 pub async fn publish(producer: &Producer, events: &[PendingEvent], database: &'static str) -> Vec<Uuid> {
     let records: Vec<OutgoingRecord> = events.iter().map(PendingEvent::record).collect();
     let results = join_all(records.iter().map(|record| producer.send(record))).await;
@@ -50,17 +49,12 @@ fn was_acknowledged(
 }
 
 impl Relay {
-    /// [`publish`] with the lease renewed every third of its length while answers are missing,
-    /// and at most `shutdown_grace` of waiting once `shutdown` is cancelled. Returns the
-    /// acknowledged ids; a row without an answer counts as not published (it may still reach
-    /// the broker from the producer's queue: then it is published twice, never lost).
-    pub(super) async fn deliver(
-        &self,
-        connection: &mut PgConnection,
-        events: &[PendingEvent],
-        shutdown: &CancellationToken,
-    ) -> Vec<Uuid> {
-        let (owner, database, lease) = (self.instance, self.options.database, self.options.lease);
+    /// [`publish`] with at most `shutdown_grace` of waiting once `shutdown` is cancelled.
+    /// Returns the acknowledged ids, in the order the answers came; a row without an answer
+    /// counts as not published (it may still reach the broker from the producer's queue: then
+    /// it is published twice, never lost).
+    pub(super) async fn deliver(&self, events: &[PendingEvent], shutdown: &CancellationToken) -> Vec<Uuid> {
+        let database = self.options.database;
         let records: Vec<OutgoingRecord> = events.iter().map(PendingEvent::record).collect();
         // polled first in push order, so the records are enqueued in acceptance order
         let mut sends: FuturesUnordered<_> = records
@@ -69,9 +63,7 @@ impl Relay {
             .map(|(index, record)| async move { (index, self.producer.send(record).await) })
             .collect();
         let mut acknowledged = Vec::with_capacity(events.len());
-        let mut answered = vec![false; events.len()];
-        let mut renewal = tokio::time::interval_at(tokio::time::Instant::now() + lease / 3, lease / 3);
-        renewal.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut answered = 0;
         let mut give_up_at: Option<tokio::time::Instant> = None;
         loop {
             let give_up = async {
@@ -84,7 +76,7 @@ impl Relay {
                 biased;
                 next = sends.next() => {
                     let Some((index, result)) = next else { break };
-                    answered[index] = true;
+                    answered += 1;
                     if was_acknowledged(&events[index], result, database) {
                         acknowledged.push(events[index].id);
                     }
@@ -95,21 +87,10 @@ impl Relay {
                 _ = give_up => {
                     tracing::warn!(
                         database,
-                        unanswered = answered.iter().filter(|answered| !**answered).count(),
-                        "outbox relay stopping: rows the broker has not acknowledged stay pending and are released"
+                        unanswered = events.len() - answered,
+                        "outbox relay stopping: rows the broker has not acknowledged stay pending"
                     );
                     break;
-                }
-                _ = renewal.tick() => {
-                    let waiting: Vec<Uuid> =
-                        events.iter().zip(&answered).filter(|(_, answered)| !**answered).map(|(event, _)| event.id).collect();
-                    if let Err(error) = renew(&mut *connection, owner, &waiting, lease).await {
-                        tracing::warn!(
-                            error = %kafka::consumer::error_chain(&error),
-                            database,
-                            "outbox lease not renewed: if it ends before the broker answers, another relay may publish the rows again"
-                        );
-                    }
                 }
             }
         }

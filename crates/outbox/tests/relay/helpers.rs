@@ -87,14 +87,6 @@ impl Fixture {
         pending(&self.database.pool).await
     }
 
-    pub async fn lease_end(&self, id: Uuid) -> OffsetDateTime {
-        sqlx::query_scalar("SELECT reservado_ate FROM outbox_evento WHERE id = $1")
-            .bind(id)
-            .fetch_one(&self.database.pool)
-            .await
-            .expect("lease")
-    }
-
     pub async fn published_at(&self, id: Uuid) -> OffsetDateTime {
         sqlx::query_scalar("SELECT publicado_em FROM outbox_evento WHERE id = $1")
             .bind(id)

@@ -1,12 +1,13 @@
 //! The outbox relay against the real stack (a database of its own with the outbox's table alone).
 //!
 //! Here the relay running: republishing after a crash, per-key order, one active relay, the
-//! reference profile, cleanup, an unreachable broker, a failover, a stop mid-drain. The leases
-//! are in `leases.rs`, the claim statement in `claims.rs`, the fixture in `helpers.rs`.
+//! wake-ups, the reference profile, cleanup, a failed send, an unreachable broker, a failover of
+//! the database, a stop mid-drain. A leader that dies with rows unmarked is in `failover.rs`,
+//! the claim and mark statements in `claims.rs`, the fixture in `helpers.rs`.
 
 mod claims;
+mod failover;
 mod helpers;
-mod leases;
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -20,38 +21,28 @@ use testkit::{eventually, receive};
 
 use helpers::{event_id, fixture, unreachable_producer};
 
+/// A relay that dies after the broker's acknowledgement and before the mark leaves the row
+/// pending: the next relay takes it at once, its first claim, and publishes it with the same
+/// `eventoId`.
 #[tokio::test]
-async fn a_crash_between_publish_and_mark_publishes_again_with_the_same_id_once_the_lease_ends() {
+async fn a_crash_between_publish_and_mark_publishes_again_at_once_with_the_same_id() {
     let fixture = fixture(1).await;
     let id = fixture.insert("CC-001", r#"{"n":1}"#).await;
     let reader = fixture.reader();
 
-    // a relay claims and publishes, then "crashes" before the mark: its lease stays
-    let crashed = Uuid::new_v4();
-    let claimed = claim(&fixture.database.pool, crashed, 10, Duration::from_secs(2)).await.expect("claim");
+    // a relay claims and publishes, then "crashes" before the mark
+    let claimed = claim(&fixture.database.pool, 10, &[]).await.expect("claim");
     assert_eq!(claimed.len(), 1);
-    let lease_end = fixture.lease_end(id).await;
     let acknowledged = publish(&fixture.producer, &claimed, "test").await;
     assert_eq!(acknowledged, vec![id]);
     assert_eq!(fixture.pending().await, 1, "the row is still pending after the crash");
 
-    // the next relay takes it when the lease ends, publishes it again with the same eventoId,
-    // and marks it
+    // the next relay's first cycle publishes it again with the same eventoId, and marks it
     let relay = fixture.relay(RelayOptions::fast("test"));
     let mut connection = fixture.database.pool.acquire().await.expect("connection");
-    let never = CancellationToken::new();
-    let deadline = tokio::time::Instant::now() + testkit::PATIENCE;
-    loop {
-        let cycle = relay.cycle(&mut connection, &never).await.expect("cycle");
-        if cycle != Cycle::default() {
-            assert_eq!(cycle, Cycle { claimed: 1, published: 1 });
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the row was never taken again");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let cycle = relay.cycle(&mut connection, &CancellationToken::new()).await.expect("cycle");
+    assert_eq!(cycle, Cycle { claimed: 1, published: 1 }, "the row is taken again at once");
     assert_eq!(fixture.pending().await, 0);
-    assert!(fixture.published_at(id).await >= lease_end, "taken before the lease ended");
     let records = receive(&reader, 2).await;
     assert_eq!(event_id(&records[0]), id.to_string());
     assert_eq!(event_id(&records[1]), id.to_string());
@@ -92,7 +83,7 @@ async fn only_one_relay_is_active_and_a_standby_takes_over() {
     let reader = fixture.reader();
     let (first_stop, second_stop) = (CancellationToken::new(), CancellationToken::new());
     let first_relay = fixture.relay(RelayOptions::fast("test"));
-    let first_instance = first_relay.instance();
+    let first_progress = first_relay.progress();
     let first = tokio::spawn(first_relay.run(first_stop.clone()));
     let pool = fixture.database.pool.clone();
     let holders = || async {
@@ -109,31 +100,22 @@ async fn only_one_relay_is_active_and_a_standby_takes_over() {
     })
     .await;
     let second_relay = fixture.relay(RelayOptions::fast("test"));
-    let second_instance = second_relay.instance();
+    let second_progress = second_relay.progress();
     let second = tokio::spawn(second_relay.run(second_stop.clone()));
 
-    // every row is claimed (and so marked) by the relay that publishes it: the standby, woken
-    // by the same notifications, published none of them
+    // every row is published and marked by the active relay: the standby, woken by the same
+    // notifications, published none of them
     let mut ids = Vec::new();
     for n in 0..20 {
         ids.push(fixture.insert("CC-001", &format!(r#"{{"n":{n}}}"#)).await);
     }
     let records = receive(&reader, 20).await;
     assert_eq!(records.len(), 20);
-    let publishers = |ids: Vec<Uuid>| {
-        let pool = fixture.database.pool.clone();
-        async move {
-            sqlx::query_scalar::<_, Option<Uuid>>(
-                "SELECT reservado_por FROM outbox_evento WHERE id = ANY($1)",
-            )
-            .bind(ids)
-            .fetch_all(&pool)
-            .await
-            .expect("publishers")
-        }
-    };
-    let by = publishers(ids.clone()).await;
-    assert!(by.iter().all(|relay| *relay == Some(first_instance)), "the standby published: {by:?}");
+    eventually("the active relay to mark its rows", testkit::PATIENCE, || async {
+        (first_progress.published() == 20).then_some(())
+    })
+    .await;
+    assert_eq!((second_progress.published(), second_progress.in_flight()), (0, 0), "the standby published");
 
     // the active relay stops; the standby takes over and publishes what comes next
     first_stop.cancel();
@@ -141,11 +123,15 @@ async fn only_one_relay_is_active_and_a_standby_takes_over() {
     let late = fixture.insert("CC-001", r#"{"n":20}"#).await;
     let record = receive(&reader, 1).await.remove(0);
     assert_eq!(event_id(&record), late.to_string());
-    assert_eq!(publishers(vec![late]).await, [Some(second_instance)], "published by the standby");
     eventually("nothing pending", testkit::PATIENCE, || async {
         (fixture.pending().await == 0).then_some(())
     })
     .await;
+    assert_eq!(
+        (first_progress.published(), second_progress.published()),
+        (20, 1),
+        "published by the standby"
+    );
     second_stop.cancel();
     second.await.expect("second relay stops");
     // every event exactly once (no crash happened, so no duplicate either): both relays have
@@ -155,6 +141,48 @@ async fn only_one_relay_is_active_and_a_standby_takes_over() {
         testkit::read_to_end(&fixture.topics.args, &fixture.topic).await.iter().map(event_id).collect();
     let expected: Vec<String> = ids.iter().map(Uuid::to_string).collect();
     assert_eq!(published, expected, "an event was published twice without a crash, or out of order");
+}
+
+/// A local writer's wake-up starts a cycle at once, without the insert trigger's `NOTIFY` (here
+/// disabled) and long before the poll interval.
+#[tokio::test]
+async fn a_local_writers_wake_up_starts_a_cycle_at_once() {
+    let fixture = fixture(1).await;
+    let reader = fixture.reader();
+    sqlx::query("ALTER TABLE outbox_evento DISABLE TRIGGER outbox_evento_notificar")
+        .execute(&fixture.database.pool)
+        .await
+        .expect("no NOTIFY");
+    let mut options = RelayOptions::fast("test");
+    options.poll_interval = Duration::from_secs(3600);
+    let relay = fixture.relay(options);
+    let (waker, progress) = (relay.waker(), relay.progress());
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(relay.run(shutdown.clone()));
+    // the relay leads (its marker waits for work) and sleeps: its first claim found nothing
+    eventually("the relay to lead and wait", testkit::PATIENCE, || async {
+        let waiting: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                            AND database = (SELECT oid FROM pg_database WHERE datname = current_database())) \
+                AND EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() \
+                            AND state = 'idle' AND query LIKE '%ORDER BY sequencia%')",
+        )
+        .fetch_one(&fixture.database.pool)
+        .await
+        .expect("activity");
+        waiting.then_some(())
+    })
+    .await;
+    for round in 0..3 {
+        let id = fixture.insert("CC-001", &format!(r#"{{"n":{round}}}"#)).await;
+        waker.wake();
+        let record = receive(&reader, 1).await.remove(0);
+        assert_eq!(event_id(&record), id.to_string());
+    }
+    eventually("the rows marked", testkit::PATIENCE, || async { (progress.published() == 3).then_some(()) })
+        .await;
+    shutdown.cancel();
+    running.await.expect("relay stops");
 }
 
 #[tokio::test]
@@ -205,6 +233,44 @@ async fn published_rows_past_retention_are_deleted_and_pending_ones_kept() {
     assert!(left.contains(&(pending_id, true)));
 }
 
+/// A send that fails leaves its row out of nothing: the next claim, after the failure backoff,
+/// takes it again. Here the broker refuses the record (larger than `message.max.bytes`) until
+/// the row is made smaller, while the rows around it go out.
+#[tokio::test]
+async fn a_row_whose_send_failed_is_taken_again_by_a_later_claim() {
+    let fixture = fixture(1).await;
+    let reader = fixture.reader();
+    let before = fixture.insert("CC-001", r#"{"n":1}"#).await;
+    let refused = fixture.insert("CC-002", &format!(r#"{{"n":2,"x":"{}"}}"#, "x".repeat(2_000_000))).await;
+    let after = fixture.insert("CC-003", r#"{"n":3}"#).await;
+    let mut options = RelayOptions::fast("test");
+    options.failure_backoff = Duration::from_millis(200);
+    let relay = fixture.relay(options);
+    let progress = relay.progress();
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(relay.run(shutdown.clone()));
+    let order: Vec<String> = receive(&reader, 2).await.iter().map(event_id).collect();
+    assert_eq!(order, [before.to_string(), after.to_string()]);
+    eventually("the two rows marked", testkit::PATIENCE, || async {
+        (progress.published() == 2).then_some(())
+    })
+    .await;
+    assert_eq!(fixture.pending().await, 1, "the refused row stays pending");
+    sqlx::query("UPDATE outbox_evento SET payload = '{\"n\":2}' WHERE id = $1")
+        .bind(refused)
+        .execute(&fixture.database.pool)
+        .await
+        .expect("smaller");
+    let record = receive(&reader, 1).await.remove(0);
+    assert_eq!(event_id(&record), refused.to_string(), "the failed row was never taken again");
+    eventually("nothing pending", testkit::PATIENCE, || async {
+        (fixture.pending().await == 0).then_some(())
+    })
+    .await;
+    shutdown.cancel();
+    running.await.expect("relay stops");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_broker_unreachable_no_transaction_holds_the_rows_and_shutdown_is_bounded() {
     let fixture = fixture(1).await;
@@ -214,7 +280,7 @@ async fn with_the_broker_unreachable_no_transaction_holds_the_rows_and_shutdown_
     let mut options = RelayOptions::fast("test");
     options.shutdown_grace = Duration::from_secs(1);
     let relay = Relay::new(fixture.database.pool.clone(), unreachable_producer().await, options.clone());
-    let instance = relay.instance();
+    let progress = relay.progress();
     let shutdown = CancellationToken::new();
     let running = tokio::spawn(relay.run(shutdown.clone()));
 
@@ -222,16 +288,14 @@ async fn with_the_broker_unreachable_no_transaction_holds_the_rows_and_shutdown_
     let pool = fixture.database.pool.clone();
     // (or, were it to claim in a transaction kept open for the publish, to idle in it)
     eventually("the relay to claim the rows", testkit::PATIENCE, || async {
-        let claimed: bool = sqlx::query_scalar(
-            "SELECT (SELECT count(*) FROM outbox_evento WHERE reservado_por = $1 AND reservado_ate > now()) = 5 \
-             OR EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() \
-                        AND state LIKE 'idle in transaction%')",
+        let idle_in_transaction: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() \
+                            AND state LIKE 'idle in transaction%')",
         )
-        .bind(instance)
         .fetch_one(&pool)
         .await
-        .expect("claimed");
-        claimed.then_some(())
+        .expect("activity");
+        (progress.in_flight() == 5 || idle_in_transaction).then_some(())
     })
     .await;
     // no transaction of the relay stays open: the rows are not row-locked, nobody idles in one
@@ -258,15 +322,9 @@ async fn with_the_broker_unreachable_no_transaction_holds_the_rows_and_shutdown_
         .await
         .expect("the relay stops within its shutdown grace")
         .expect("relay task");
-    // nothing unacknowledged was marked; the rows were given back for the next relay
-    let (unpublished, still_leased): (i64, i64) = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE publicado_em IS NULL), count(*) FILTER (WHERE reservado_por IS NOT NULL) \
-         FROM outbox_evento",
-    )
-    .fetch_one(&fixture.database.pool)
-    .await
-    .expect("rows");
-    assert_eq!((unpublished, still_leased), (5, 0));
+    // nothing unacknowledged was marked: the rows stay for the next relay
+    assert_eq!(fixture.pending().await, 5);
+    assert_eq!((progress.published(), progress.in_flight()), (0, 0));
 }
 
 /// A relay that could not connect follows its pool to another server: after a failover the pool
@@ -304,9 +362,9 @@ async fn a_relay_that_cannot_connect_follows_its_pool_to_the_new_server() {
     relay.await.expect("relay stops");
 }
 
-/// A cycle's mark rides on the next cycle's claim; a relay stopped while it drains has no next
-/// claim, so it writes the mark on its own before it returns. Without that, the rows of its last
-/// batch would be in the topic yet pending, and published again by the next relay.
+/// Marks are written by the leader's marker, off the path, behind the claims; a relay stopped
+/// while it drains waits for its marker before it returns. Without that, the rows of its last
+/// batches would be in the topic yet pending, and published again by the next relay.
 #[tokio::test]
 async fn a_relay_stopped_mid_drain_marks_every_row_the_broker_acknowledged_before_it_returns() {
     const ROWS: i64 = 10_000;
@@ -316,7 +374,7 @@ async fn a_relay_stopped_mid_drain_marks_every_row_the_broker_acknowledged_befor
     fixture.insert_keys(&mut connection, &keys, r#"{"n":1}"#).await;
     drop(connection);
     let mut options = RelayOptions::fast("test");
-    options.batch_rows_max = 10; // a thousand cycles to drain, each marking the previous one
+    options.batch_rows_max = 10; // a thousand cycles to drain, the marks behind them
     let shutdown = CancellationToken::new();
     let relay = tokio::spawn(fixture.relay(options).run(shutdown.clone()));
     eventually("the relay marks its first batches", testkit::PATIENCE, || async {

@@ -283,10 +283,10 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
         Profile::Reference => RelayOptions::reference("ledger"),
     };
     relay_options.retention = Duration::from_secs(args.outbox_retention_seconds);
-    shell.spawn(
-        "outbox-relay",
-        Relay::new(pool.clone(), producer.clone(), relay_options).run(shutdown.clone()),
-    );
+    let relay = Relay::new(pool.clone(), producer.clone(), relay_options);
+    // the settler wakes the relay after its commits (the reference profile's relay only polls)
+    let relay_waker = relay.waker();
+    shell.spawn("outbox-relay", relay.run(shutdown.clone()));
     shell.spawn(
         "outbox-gauges",
         outbox::metrics::run(pool.clone(), "ledger", outbox::metrics::Backlog::default(), shutdown.clone()),
@@ -311,6 +311,7 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
             settled: kafka.topic(topics::SETTLED),
             rejected: kafka.topic(topics::REJECTED),
         },
+        relay_waker,
     );
     let loop_options = LoopOptions {
         // the article settles one transfer per database transaction

@@ -73,11 +73,14 @@ pub use kafka::consumer::RetryPolicy;
 pub struct Settler {
     pool: PgPool,
     topics: OutcomeTopics,
+    relay: outbox::Waker,
 }
 
 impl Settler {
-    pub fn new(pool: PgPool, topics: OutcomeTopics) -> Self {
-        Self { pool, topics }
+    /// A settler writing outcome events for `topics`, waking `relay` after each commit that
+    /// wrote some.
+    pub fn new(pool: PgPool, topics: OutcomeTopics, relay: outbox::Waker) -> Self {
+        Self { pool, topics, relay }
     }
 
     /// Settles `requests` (each with its index in the batch) one record per transaction, in
@@ -123,6 +126,10 @@ impl Settler {
     async fn settle(&self, requests: &[Request]) -> Result<(), StoreError> {
         let started = Instant::now();
         let settlement = store::settle(&self.pool, requests, &self.topics).await?;
+        if !settlement.decided.is_empty() {
+            // their outcome events are committed: the relay publishes them at once
+            self.relay.wake();
+        }
         metrics::histogram!("ledger_settlement_seconds").record(started.elapsed().as_secs_f64());
         for (transfer_id, outcome) in &settlement.decided {
             let reason = outcome.reason().unwrap_or("");

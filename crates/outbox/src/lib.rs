@@ -63,8 +63,9 @@ impl Waker {
         self.0.notify_one();
     }
 
-    /// Waits for a wake-up.
-    async fn woken(&self) {
+    /// Waits for a wake-up (takes it at once if one arrived since the last): what the relay does
+    /// between cycles.
+    pub async fn woken(&self) {
         self.0.notified().await;
     }
 

@@ -67,7 +67,7 @@ async fn main() {
     let callers: u64 = args.next().map_or(256, |text| text.parse().expect("callers: a number"));
     let seconds: u64 = args.next().map_or(15, |text| text.parse().expect("seconds: a number"));
     let database = TestDatabase::create(&transfers::MIGRATOR).await;
-    let writer = Writer::batched(database.pool.clone());
+    let writer = Writer::batched(database.pool.clone(), outbox::Waker::default());
     let counting = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
     let created = Arc::new(AtomicU64::new(0));

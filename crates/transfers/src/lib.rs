@@ -238,9 +238,16 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
 
     let producer = Producer::shared_or_own(producer, &kafka, "transferencias", profile.linger())?;
     let backlog = outbox::metrics::Backlog::default();
+    let mut relay_options = match profile {
+        Profile::Fast => RelayOptions::fast("transferencias"),
+        Profile::Reference => RelayOptions::reference("transferencias"),
+    };
+    relay_options.retention = Duration::from_secs(args.outbox_retention_seconds);
+    let relay = Relay::new(pool.clone(), producer.clone(), relay_options);
+    // the writer wakes the relay after its commits (the reference profile's relay only polls)
     let writer = match profile {
-        Profile::Fast => writer::Writer::batched(pool.clone()),
-        Profile::Reference => writer::Writer::direct(pool.clone()),
+        Profile::Fast => writer::Writer::batched(pool.clone(), relay.waker()),
+        Profile::Reference => writer::Writer::direct(pool.clone(), relay.waker()),
     };
     let state = api::AppState {
         pool: pool.clone(),
@@ -265,15 +272,7 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
     let outcomes = [kafka.topic(topics::SETTLED), kafka.topic(topics::REJECTED)];
     let bound = shell.serve("transferencias API", args.listen, app, &outcomes, &outcomes).await?;
 
-    let mut relay_options = match profile {
-        Profile::Fast => RelayOptions::fast("transferencias"),
-        Profile::Reference => RelayOptions::reference("transferencias"),
-    };
-    relay_options.retention = Duration::from_secs(args.outbox_retention_seconds);
-    shell.spawn(
-        "outbox-relay",
-        Relay::new(pool.clone(), producer.clone(), relay_options).run(shutdown.clone()),
-    );
+    shell.spawn("outbox-relay", relay.run(shutdown.clone()));
     shell.spawn(
         "outbox-gauges",
         outbox::metrics::run(pool.clone(), "transferencias", backlog, shutdown.clone()),

@@ -8,6 +8,9 @@
 //! batch holds one request and adds only a hop between tasks. Every request still gets its own
 //! answer, sent after the commit; a batch whose transaction fails while the database is up is
 //! retried one request per transaction, so a request that breaks the transaction fails alone.
+//!
+//! After a commit that wrote new transfers the writer wakes this process's outbox relay
+//! ([`outbox::Waker`]), which publishes their events at once if it leads.
 
 use std::sync::Arc;
 
@@ -29,6 +32,7 @@ pub struct Writer {
     pool: PgPool,
     /// `None`: each request in its own transaction, on the caller's task.
     queue: Option<flume::Sender<Job>>,
+    relay: outbox::Waker,
 }
 
 #[derive(Debug)]
@@ -38,19 +42,20 @@ struct Job {
 }
 
 impl Writer {
-    /// One transaction per request.
-    pub fn direct(pool: PgPool) -> Self {
-        Self { pool, queue: None }
+    /// One transaction per request; `relay` is woken after each commit of a new transfer.
+    pub fn direct(pool: PgPool, relay: outbox::Waker) -> Self {
+        Self { pool, queue: None, relay }
     }
 
-    /// Group commit with [`WRITERS`] tasks, spawned here. They end when every clone of the
-    /// writer is gone (the API's router dropped at shutdown, its requests answered).
-    pub fn batched(pool: PgPool) -> Self {
+    /// Group commit with [`WRITERS`] tasks, spawned here; `relay` is woken after each commit
+    /// that wrote a new transfer. They end when every clone of the writer is gone (the API's
+    /// router dropped at shutdown, its requests answered).
+    pub fn batched(pool: PgPool, relay: outbox::Waker) -> Self {
         let (queue, jobs) = flume::bounded(WRITERS * MAX_BATCH);
         for _ in 0..WRITERS {
-            tokio::spawn(work(pool.clone(), jobs.clone()));
+            tokio::spawn(work(pool.clone(), jobs.clone(), relay.clone()));
         }
-        Self { pool, queue: Some(queue) }
+        Self { pool, queue: Some(queue), relay }
     }
 
     /// Creates `transfer` (see [`store::create`]). With the queue full (the database slower
@@ -72,7 +77,11 @@ impl Writer {
     ) -> Result<Created, StoreError> {
         let Some(queue) = &self.queue else {
             handoff.mark();
-            return store::create(&self.pool, &transfer).await;
+            let created = store::create(&self.pool, &transfer).await;
+            if let Ok(Created::New(_)) = created {
+                self.relay.wake();
+            }
+            return created;
         };
         let (answer, answered) = oneshot::channel();
         queue.try_send(Job { transfer, answer }).map_err(|error| match error {
@@ -85,14 +94,18 @@ impl Writer {
 }
 
 /// One writer: waits for a request, takes what else is waiting (never waiting for more), writes
-/// them; ends when every sender is gone and the queue is empty.
-async fn work(pool: PgPool, jobs: flume::Receiver<Job>) {
+/// them, wakes the relay if that wrote a new transfer; ends when every sender is gone and the
+/// queue is empty.
+async fn work(pool: PgPool, jobs: flume::Receiver<Job>, relay: outbox::Waker) {
     while let Ok(first) = jobs.recv_async().await {
         let mut batch = vec![first];
         batch.extend(jobs.try_iter().take(MAX_BATCH - 1));
         metrics::histogram!("transfers_write_batch_rows").record(batch.len() as f64);
         let transfers: Vec<&NewTransfer> = batch.iter().map(|job| &job.transfer).collect();
         let answers = write_batch(&pool, &transfers).await;
+        if answers.iter().any(|answer| matches!(answer, Ok(Created::New(_)))) {
+            relay.wake();
+        }
         for (job, answer) in batch.into_iter().zip(answers) {
             // the caller may have gone (client disconnected): its transfer stands
             let _ = job.answer.send(answer);

@@ -17,7 +17,7 @@ fn app() -> axum::Router {
         .connect_lazy("postgres://nobody:nothing@127.0.0.1:1/none")
         .expect("lazy pool");
     transfers::api::router(transfers::api::AppState {
-        writer: transfers::writer::Writer::direct(pool.clone()),
+        writer: transfers::writer::Writer::direct(pool.clone(), outbox::Waker::default()),
         pool,
         requested_topic: "t.transferencias.solicitada".into(),
         idempotency_ttl: Duration::from_secs(60),

@@ -91,7 +91,7 @@ async fn a_transfer_that_breaks_the_transaction_fails_alone() {
 #[tokio::test]
 async fn concurrent_requests_through_the_batched_writer_each_get_their_transfer() {
     let database = TestDatabase::create(&transfers::MIGRATOR).await;
-    let writer = Writer::batched(database.pool.clone());
+    let writer = Writer::batched(database.pool.clone(), outbox::Waker::default());
     let requests = (0..200).map(|n| {
         let writer = writer.clone();
         tokio::spawn(async move { writer.create(transfer(n + 1, Some(&format!("key-{n}")))).await })
@@ -110,6 +110,26 @@ async fn concurrent_requests_through_the_batched_writer_each_get_their_transfer(
     let again = writer.create(transfer(1, Some("key-0"))).await;
     assert!(matches!(again, Ok(Created::Replayed(_))), "{again:?}");
     assert_eq!(count(&database, "transferencia").await, 200);
+}
+
+/// Both writers wake this process's outbox relay once a new transfer is committed (before its
+/// answer), and not for a replay, which wrote nothing.
+#[tokio::test]
+async fn the_writers_wake_the_relay_after_committing_a_new_transfer() {
+    use futures::FutureExt;
+    let database = TestDatabase::create(&transfers::MIGRATOR).await;
+    let relay = outbox::Waker::default();
+    let writers = [
+        ("direct", Writer::direct(database.pool.clone(), relay.clone())),
+        ("batched", Writer::batched(database.pool.clone(), relay.clone())),
+    ];
+    for (name, writer) in writers {
+        let key = format!("wake-{name}");
+        assert!(matches!(writer.create(transfer(100, Some(&key))).await, Ok(Created::New(_))));
+        assert!(relay.woken().now_or_never().is_some(), "the {name} writer did not wake the relay");
+        assert!(matches!(writer.create(transfer(100, Some(&key))).await, Ok(Created::Replayed(_))));
+        assert!(relay.woken().now_or_never().is_none(), "the {name} writer woke the relay for a replay");
+    }
 }
 
 #[tokio::test]
@@ -147,7 +167,7 @@ async fn with_the_writers_stuck_a_full_queue_refuses_at_once_instead_of_waiting(
         .acquire_timeout(Duration::from_secs(3_600))
         .connect_lazy(&hung_database_url().await)
         .expect("lazy pool");
-    let writer = Writer::batched(pool);
+    let writer = Writer::batched(pool, outbox::Waker::default());
     // the writers hold at most WRITERS batches of MAX_BATCH, the queue as many again: one
     // more cannot fit anywhere
     let capacity = 2 * writer::WRITERS * writer::MAX_BATCH;

@@ -385,9 +385,7 @@ impl Floor {
         }
         self.pool.close().await;
         let mut admin = PgConnection::connect(&args.database_url).await?;
-        sqlx::query(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.database))
-            .execute(&mut admin)
-            .await?;
+        crate::system::drop_database(&mut admin, &self.database).await?;
         let names: Vec<&str> = self.topics.iter().map(String::as_str).collect();
         kafka_admin::topics::delete(&self.kafka, &names)
             .await

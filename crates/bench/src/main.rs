@@ -1,11 +1,14 @@
-//! `pagamentos-bench`, the driver behind `scripts/bench` (`docs/reference/contract.md` §1, issue #10): for each
-//! profile it starts `pagamentos all --profile P` on fresh databases and topics, drives the same
-//! loads through `pagamentos loadgen` (closed-loop flat out, 200/s open loop, Zipf-skewed flat
-//! out, flat out crediting and then debiting one hot account, then an open-loop sweep of rates
-//! for the plot; `--loads` picks some), samples CPU and RSS of pagamentos,
-//! Kafka and PostgreSQL and PostgreSQL's commits/s, reads each hop's latency from the
-//! services' histograms, writes `results.json`, `summary.md` and the latency-vs-load plot,
-//! and prints `{"fast": …, "reference": …, "ratio": {"throughput", "p99"}}` as its last line.
+//! `pagamentos-bench`, the driver behind `scripts/bench` (`docs/reference/contract.md` §1, issues
+//! #10 and #47): rounds of the current binary and, with `--baseline`, a baseline binary (A B B
+//! A) on one stack, each on fresh databases and topics: the floor program (`floor`), then
+//! `pagamentos all --profile fast` warmed up until steady and driven through the current
+//! binary's `pagamentos loadgen` under each load (25/s and 200/s open loop, flat out, hot
+//! accounts, a sweep; `--loads` picks some); then the reference profile flat out once. It
+//! samples CPU and memory of pagamentos, Kafka and PostgreSQL, PostgreSQL's commits/s and each
+//! hop's latency over each load's sending and draining, writes `results.json`, `summary.md`
+//! (issue #47's targets as ratios within the run) and the latency-vs-load plot, and prints the
+//! targets and then `{"fast": …, "reference": …, "ratio": {"throughput", "p99"}}` as its last
+//! two lines.
 
 #![forbid(unsafe_code)]
 
@@ -128,6 +131,10 @@ struct Args {
     /// The pagamentos binary (default: next to this one).
     #[arg(long)]
     pagamentos: Option<PathBuf>,
+
+    /// The binary whose `loadgen` drives every round (the current one): set by `run`.
+    #[arg(skip)]
+    loadgen: PathBuf,
 
     /// Commit being measured, for the records.
     #[arg(long, env = "PAGAMENTOS_BENCH_COMMIT", default_value = "unknown")]
@@ -276,7 +283,7 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-async fn run(args: Args) -> anyhow::Result<()> {
+async fn run(mut args: Args) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.out).with_context(|| format!("create {}", args.out.display()))?;
     let current = match &args.pagamentos {
         Some(path) => path.clone(),
@@ -287,6 +294,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
             bail!("{} does not exist (build it: cargo build --release -p pagamentos)", binary.display());
         }
     }
+    args.loadgen = current.clone();
+    let args = args;
     let run = format!("{}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs());
     let mut runs = Vec::new();
     let mut warm_ups = Vec::new();

@@ -43,16 +43,16 @@ pub(crate) async fn fast(
         }
         let system = System::start(args, (label, binary), "fast", run, round).await?;
         let outcome = async {
-            warm_ups.push(system.warm_up(args, binary).await?);
+            warm_ups.push(system.warm_up(args).await?);
             for (load, offered, extra) in main_loads(args) {
-                runs.push(system.measure(args, binary, &load, offered, &extra, true).await?);
+                runs.push(system.measure(args, &load, offered, &extra, true).await?);
             }
             if args.loads.iter().any(|load| load == "sweep") {
                 for &rate in &args.fast_rates {
                     let extra = ["--rate", &rate.to_string(), "--duration", &args.sweep_duration.to_string()]
                         .map(String::from);
                     let load = format!("sweep {rate}/s");
-                    runs.push(system.measure(args, binary, &load, Some(rate), &extra, true).await?);
+                    runs.push(system.measure(args, &load, Some(rate), &extra, true).await?);
                 }
             }
             anyhow::Ok(())
@@ -116,10 +116,10 @@ pub(crate) async fn reference(
     let system = System::start(args, ("current", current), "reference", run, round).await?;
     let outcome = async {
         let warm_up = ["--rate", "50", "--duration", "5"].map(String::from);
-        system.measure(args, current, "warm-up", Some(50), &warm_up, false).await?;
+        system.measure(args, "warm-up", Some(50), &warm_up, false).await?;
         let flat = main_loads(args).into_iter().find(|(load, _, _)| load == "flat out");
         if let Some((load, offered, extra)) = flat {
-            runs.push(system.measure(args, current, &load, offered, &extra, true).await?);
+            runs.push(system.measure(args, &load, offered, &extra, true).await?);
         }
         anyhow::Ok(())
     }

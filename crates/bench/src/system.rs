@@ -147,7 +147,7 @@ impl System {
         }
         let mut admin = PgConnection::connect(&args.database_url).await?;
         for name in &self.databases {
-            sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(&mut admin).await?;
+            drop_database(&mut admin, name).await?;
         }
         let kafka = kafka::KafkaArgs {
             topic_prefix: self.prefix.clone(),
@@ -168,12 +168,12 @@ impl System {
     /// at most `--warm-up-max` seconds): a freshly started broker, PostgreSQL and service warm
     /// their caches, JIT and pools over tens of seconds, and a fixed three seconds left the
     /// first measured load of a round the slowest.
-    pub(crate) async fn warm_up(&self, args: &Args, binary: &Path) -> anyhow::Result<WarmUp> {
+    pub(crate) async fn warm_up(&self, args: &Args) -> anyhow::Result<WarmUp> {
         let extra = ["--rate", "200", "--duration", &WARM_UP_CHUNK_SECONDS.to_string()].map(String::from);
         let started = Instant::now();
         let mut p50_ms: Vec<f64> = Vec::new();
         let steady = loop {
-            let chunk = self.measure(args, binary, "warm-up", Some(200), &extra, false).await?;
+            let chunk = self.measure(args, "warm-up", Some(200), &extra, false).await?;
             p50_ms.push(chunk.report.latency_ms.p50);
             if let [.., before, last] = p50_ms.as_slice() {
                 if (last - before).abs() <= WARM_UP_STEADY * before.max(*last) {
@@ -200,7 +200,6 @@ impl System {
     pub(crate) async fn measure(
         &self,
         args: &Args,
-        binary: &Path,
         load: &str,
         offered: Option<u32>,
         extra: &[String],
@@ -213,7 +212,9 @@ impl System {
         let mut database = PgConnection::connect(&args.database_url).await?;
 
         eprintln!("bench: round {} {} {} — {load}", self.round, self.binary, self.profile);
-        let mut child = Command::new(binary)
+        // the current binary's loadgen for every round: the instrument stays the same while
+        // the system under test changes
+        let mut child = Command::new(&args.loadgen)
             .arg("loadgen")
             .args(["--accounts", &args.accounts.to_string()])
             .args(extra)
@@ -335,6 +336,24 @@ fn forward_until_sending(child: &mut Child) -> anyhow::Result<tokio::sync::onesh
         }
     });
     Ok(receiver)
+}
+
+/// `DROP DATABASE … WITH (FORCE)`, tried again for up to 30 s while it fails: the bench's role
+/// may not terminate an autovacuum worker (it runs as the superuser) that is busy with the
+/// database's freshly loaded tables, and the worker is gone within seconds.
+pub(crate) async fn drop_database(admin: &mut PgConnection, name: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(&mut *admin).await
+        {
+            Ok(_) => return Ok(()),
+            Err(error) if Instant::now() < deadline => {
+                eprintln!("bench: drop {name}: {error}; trying again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(error) => return Err(error).with_context(|| format!("drop database {name}")),
+        }
+    }
 }
 
 /// Transactions committed in the whole cluster so far.

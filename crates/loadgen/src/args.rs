@@ -6,7 +6,9 @@ use std::str::FromStr;
 use contracts::{Amount, Cents};
 use kafka::KafkaArgs;
 
-/// Drive transfers through the HTTP API and report throughput and latency.
+/// Drive transfers through the HTTP API and report throughput and latency. One probe transfer
+/// (1 cent between the first two accounts) goes first and its outcome is awaited: the load
+/// starts on a reader and a chain that are live; the probe is not counted.
 #[derive(Clone, clap::Args)]
 pub struct LoadgenArgs {
     /// Transfers per second to offer on an open-loop schedule (a late send counts from when it

@@ -209,7 +209,7 @@ pub async fn run(args: LoadgenArgs, stop: CancellationToken) -> Result<Report, L
     let (outcome_sink, mut outcomes) = mpsc::unbounded_channel();
     let reader_stop = CancellationToken::new();
     let reader_task = tokio::spawn(reader.run(outcome_sink, reader_stop.clone()));
-    probe(&api, &accounts, &mut outcomes, Duration::from_secs(args.drain_timeout)).await?;
+    probe(&api, &accounts, &mut outcomes, Duration::from_secs(args.drain_timeout)).await;
 
     let rate = if args.rate == 0 {
         "closed loop (each sender's next transfer once its last is final)".to_owned()
@@ -300,30 +300,34 @@ pub async fn run(args: LoadgenArgs, stop: CancellationToken) -> Result<Report, L
 /// the reader, at most `timeout`: the load starts once the reader's fetches are established and
 /// the chain has carried a transfer. Without it the first transfers of a load waited for the
 /// new reader's first fetches: in dev runs of 7c70725 the maximum of a 200/s load (503 ms) and
-/// of a 25/s load (185 ms) both fell in the load's first second. Not counted in the report.
+/// of a 25/s load (185 ms) both fell in the load's first second. Not counted in the report;
+/// a probe that is refused or not final in time is reported on stderr and the load goes on
+/// (a system that finishes nothing is reported as losing the load's transfers, as before).
 async fn probe(
     api: &Api,
     accounts: &[String],
     outcomes: &mut mpsc::UnboundedReceiver<outcomes::Outcome>,
     timeout: Duration,
-) -> Result<(), LoadgenError> {
+) {
     let probe = match api.transfer(&accounts[0], &accounts[1], contracts::Amount::ONE_CENT).await {
         Sent::Accepted(id) => id,
         Sent::Refused(reason) => {
-            return Err(LoadgenError::Http { what: "send the probe transfer".into(), detail: reason })
+            eprintln!("loadgen: the probe transfer was refused ({reason}); sending anyway");
+            return;
         }
     };
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         match tokio::time::timeout_at(deadline, outcomes.recv()).await {
-            Ok(Some(outcome)) if outcome.transfer_id == probe => return Ok(()),
-            Ok(Some(_)) => {} // another run's, or a redelivery: not ours
-            Ok(None) => return Err(LoadgenError::Task("the outcome reader stopped".into())),
+            Ok(Some(outcome)) if outcome.transfer_id == probe => return,
+            Ok(Some(_)) => {}   // another run's, or a redelivery: not ours
+            Ok(None) => return, // the reader stopped: the load's report will say what it saw
             Err(_) => {
-                return Err(LoadgenError::Kafka {
-                    what: "see the probe transfer's outcome",
-                    detail: format!("{probe} not final on the outcome topics within {} s", timeout.as_secs()),
-                })
+                eprintln!(
+                    "loadgen: the probe transfer {probe} was not final within {} s; sending anyway",
+                    timeout.as_secs()
+                );
+                return;
             }
         }
     }

@@ -81,9 +81,20 @@ async fn every_transfer_is_followed_to_its_final_status_and_reported_as_the_cont
     assert!(0.0 < p50 && p50 <= p99 && p99 <= max, "{latency}");
     assert!(report["throughput_per_s"].as_f64().expect("throughput") > 0.0);
     assert!(stderr.contains("loadgen:") && stderr.contains("sent 150"), "{stderr}");
-    // the transfers really are in the system, final
+    // the transfers really are in the system, final; and so is the probe sent before the load
+    // (one cent between the first two accounts), which the report does not count
     let (code, verify) = system.verify().await;
     assert_eq!(code, 0, "{verify}");
+    let one_cent: i64 = sqlx::query_scalar("SELECT count(*) FROM transferencia WHERE valor_centavos = 1")
+        .fetch_one(&system.transfers_db.pool)
+        .await
+        .expect("count probes");
+    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM transferencia")
+        .fetch_one(&system.transfers_db.pool)
+        .await
+        .expect("count transfers");
+    assert!(one_cent >= 1, "the probe transfer");
+    assert_eq!(total, 151, "150 counted and the probe");
 }
 
 /// Open loop: while the system is frozen, requests stay due; their latency counts from then, and
@@ -147,7 +158,10 @@ async fn transfers_that_never_finish_are_reported_lost() {
     assert_eq!(count(&report, "accepted"), 20, "{report}");
     assert_eq!(count(&report, "lost"), 20, "{report}");
     assert_eq!(count(&report, "settled") + count(&report, "rejected"), 0, "{report}");
-    assert!(String::from_utf8_lossy(&output.stderr).contains("LOST 20"));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("LOST 20"), "{stderr}");
+    // the probe could not finish either: said, and the load went on
+    assert!(stderr.contains("was not final within 2 s; sending anyway"), "{stderr}");
 }
 
 #[tokio::test]

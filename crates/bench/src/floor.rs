@@ -73,6 +73,19 @@ fn quiet(mut config: ClientConfig) -> ClientConfig {
 
 /// A message's payload: its id, then the wall-clock time (Unix nanoseconds, little-endian)
 /// at which each stage took it, appended stage by stage: the floor's own per-step breakdown.
+/// A consumer of `topic` in group `name` (behind the run's prefix), built as the services' are.
+fn consumer(
+    kafka: &KafkaArgs,
+    name: &str,
+    commit: OffsetCommit,
+    topic: &str,
+) -> anyhow::Result<StreamConsumer> {
+    let consumer: StreamConsumer =
+        quiet(consumer_config(kafka, &format!("bench-{name}"), &kafka.group(name), commit)).create()?;
+    consumer.subscribe(&[topic])?;
+    Ok(consumer)
+}
+
 fn uuid_of(message: &impl Message) -> Option<Uuid> {
     Uuid::from_slice(message.payload()?.get(..16)?).ok()
 }
@@ -182,14 +195,7 @@ impl Floor {
         // stage 2: the Kafka transaction, through the services' own transactional producer
         // (which waits out librdkafka's delivery reports before it commits: rdkafka's flush
         // would otherwise poll a fixed 100 ms)
-        let transaction_consumer: StreamConsumer = quiet(consumer_config(
-            &kafka,
-            "bench-floor-tx",
-            &kafka.group("floor-tx"),
-            OffsetCommit::InTransaction,
-        ))
-        .create()?;
-        transaction_consumer.subscribe(&[topics[0].as_str()])?;
+        let transaction_consumer = consumer(&kafka, "floor-tx", OffsetCommit::InTransaction, &topics[0])?;
         let transactional = TransactionalProducer::new(&quiet(transactional_producer_config(
             &kafka,
             "bench-floor-tx",
@@ -205,14 +211,7 @@ impl Floor {
         ));
 
         // stage 3: commit and produce
-        let settle: StreamConsumer = quiet(consumer_config(
-            &kafka,
-            "bench-floor-commit",
-            &kafka.group("floor-commit"),
-            OffsetCommit::StoredAfterHandling,
-        ))
-        .create()?;
-        settle.subscribe(&[topics[1].as_str()])?;
+        let settle = consumer(&kafka, "floor-commit", OffsetCommit::StoredAfterHandling, &topics[1])?;
         let settle_producer = Producer::new(&quiet(producer_config(&kafka, "bench-floor-c", linger)))?;
         let commit_stage = tokio::spawn(commit_stage(
             settle,
@@ -223,14 +222,7 @@ impl Floor {
         ));
 
         // stage 4: the end of the chain
-        let end: StreamConsumer = quiet(consumer_config(
-            &kafka,
-            "bench-floor-end",
-            &kafka.group("floor-end"),
-            OffsetCommit::StoredAfterHandling,
-        ))
-        .create()?;
-        end.subscribe(&[topics[2].as_str()])?;
+        let end = consumer(&kafka, "floor-end", OffsetCommit::StoredAfterHandling, &topics[2])?;
         let end_stage = tokio::spawn(end_stage(end, seen_tx, stop.clone()));
 
         Ok(Self {

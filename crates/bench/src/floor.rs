@@ -402,6 +402,40 @@ fn next_offsets<'a>(
     Ok(list)
 }
 
+/// The next batch: a record waited for, then what else is already there (up to
+/// [`BATCH_MAX`]); `None` once `stop` is cancelled.
+async fn next_batch<'c>(
+    consumer: &'c StreamConsumer,
+    stop: &CancellationToken,
+) -> anyhow::Result<Option<Vec<BorrowedMessage<'c>>>> {
+    let first = tokio::select! {
+        _ = stop.cancelled() => return Ok(None),
+        message = consumer.recv() => message?,
+    };
+    let mut batch = vec![first];
+    while batch.len() < BATCH_MAX {
+        match consumer.recv().now_or_never() {
+            Some(message) => batch.push(message?),
+            None => break,
+        }
+    }
+    Ok(Some(batch))
+}
+
+/// `batch` for `output`: each record's key, and its payload with this stage's stamp added.
+fn forwarded(batch: &[BorrowedMessage<'_>], output: &str) -> Vec<OutgoingRecord> {
+    batch
+        .iter()
+        .map(|message| {
+            OutgoingRecord::new(
+                output,
+                message.key().unwrap_or_default(),
+                stamped(message.payload().unwrap_or_default()),
+            )
+        })
+        .collect()
+}
+
 /// Stage 2: per batch of what is there, one Kafka transaction that produces each message to
 /// `output` and commits the consumed offsets.
 async fn transaction_stage(
@@ -411,27 +445,8 @@ async fn transaction_stage(
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
     loop {
-        let first = tokio::select! {
-            _ = stop.cancelled() => return Ok(()),
-            message = consumer.recv() => message?,
-        };
-        let mut batch = vec![first];
-        while batch.len() < BATCH_MAX {
-            match consumer.recv().now_or_never() {
-                Some(message) => batch.push(message?),
-                None => break,
-            }
-        }
-        let records: Vec<OutgoingRecord> = batch
-            .iter()
-            .map(|message| {
-                OutgoingRecord::new(
-                    &output,
-                    message.key().unwrap_or_default(),
-                    stamped(message.payload().unwrap_or_default()),
-                )
-            })
-            .collect();
+        let Some(batch) = next_batch(&consumer, &stop).await? else { return Ok(()) };
+        let records = forwarded(&batch, &output);
         producer.begin().await?;
         for result in join_all(records.iter().map(|record| producer.send(record))).await {
             result?;
@@ -453,31 +468,14 @@ async fn commit_stage(
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
     loop {
-        let first = tokio::select! {
-            _ = stop.cancelled() => break,
-            message = consumer.recv() => message?,
-        };
-        let mut batch = vec![first];
-        while batch.len() < BATCH_MAX {
-            match consumer.recv().now_or_never() {
-                Some(message) => batch.push(message?),
-                None => break,
-            }
-        }
-        let payloads: Vec<Vec<u8>> =
-            batch.iter().map(|message| stamped(message.payload().unwrap_or_default())).collect();
+        let Some(batch) = next_batch(&consumer, &stop).await? else { break };
+        // stamped as taken, before the commit: the commit is the last step's
+        let records = forwarded(&batch, &output);
         let ids: Vec<Uuid> = batch.iter().filter_map(uuid_of).collect();
         sqlx::query("INSERT INTO floor_b (id) SELECT unnest($1::uuid[]) ON CONFLICT DO NOTHING")
             .bind(&ids)
             .execute(&pool)
             .await?;
-        let records: Vec<OutgoingRecord> = batch
-            .iter()
-            .zip(payloads)
-            .map(|(message, payload)| {
-                OutgoingRecord::new(&output, message.key().unwrap_or_default(), payload)
-            })
-            .collect();
         for result in join_all(records.iter().map(|record| producer.send(record))).await {
             result?;
         }

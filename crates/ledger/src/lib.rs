@@ -278,10 +278,7 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
     let inputs = std::slice::from_ref(&input);
     let bound = shell.serve("ledger API", args.listen, app, inputs, inputs).await?;
 
-    let mut relay_options = match profile {
-        Profile::Fast => RelayOptions::fast("ledger"),
-        Profile::Reference => RelayOptions::reference("ledger"),
-    };
+    let mut relay_options = RelayOptions::of(profile, "ledger");
     relay_options.retention = Duration::from_secs(args.outbox_retention_seconds);
     let relay = Relay::new(pool.clone(), producer.clone(), relay_options);
     // the settler wakes the relay after its commits (the reference profile's relay only polls)

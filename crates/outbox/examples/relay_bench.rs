@@ -49,10 +49,7 @@ async fn run(profile: Profile, backlog_rows: i64, steady_seconds: u64) -> serde_
     let topic = topics.topic("bench");
     let producer =
         Producer::new(&producer_config(&topics.args, "bench", profile.linger())).expect("producer");
-    let options = match profile {
-        Profile::Fast => RelayOptions::fast("bench"),
-        Profile::Reference => RelayOptions::reference("bench"),
-    };
+    let options = RelayOptions::of(profile, "bench");
 
     // 1. backlog
     sqlx::query(

@@ -51,6 +51,7 @@ use std::time::Duration;
 use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 
+use kafka::config::Profile;
 use kafka::producer::Producer;
 
 use crate::{Error, Waker};
@@ -124,6 +125,14 @@ impl RelayOptions {
             listen: false,
             drain_full_batches: false,
             ..Self::fast(database)
+        }
+    }
+
+    /// [`Self::fast`] or [`Self::reference`], as `profile` says.
+    pub fn of(profile: Profile, database: &'static str) -> Self {
+        match profile {
+            Profile::Fast => Self::fast(database),
+            Profile::Reference => Self::reference(database),
         }
     }
 }

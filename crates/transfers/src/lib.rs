@@ -238,10 +238,7 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
 
     let producer = Producer::shared_or_own(producer, &kafka, "transferencias", profile.linger())?;
     let backlog = outbox::metrics::Backlog::default();
-    let mut relay_options = match profile {
-        Profile::Fast => RelayOptions::fast("transferencias"),
-        Profile::Reference => RelayOptions::reference("transferencias"),
-    };
+    let mut relay_options = RelayOptions::of(profile, "transferencias");
     relay_options.retention = Duration::from_secs(args.outbox_retention_seconds);
     let relay = Relay::new(pool.clone(), producer.clone(), relay_options);
     // the writer wakes the relay after its commits (the reference profile's relay only polls)

@@ -36,7 +36,8 @@ use anyhow::{bail, Context as _};
 use clap::Parser;
 use kafka::config::{consumer_config, producer_config, transactional_producer_config, OffsetCommit};
 use kafka::exactly_once::{
-    Client, ConfluentClient, ConfluentConfig, LibrdkafkaClient, Options, Partition, Transform, TxnError,
+    Bounds, Client, Committed, ConfluentClient, ConfluentConfig, LibrdkafkaClient, Options, Partition,
+    Transform, TxnError,
 };
 use kafka::producer::{OutgoingRecord, Producer};
 use kafka::rdkafka::message::OwnedMessage;
@@ -163,11 +164,11 @@ impl<C: Client> Client for Stepped<C> {
     async fn committed(
         &mut self,
         partitions: &[Partition],
-    ) -> Result<Vec<(Partition, Option<i64>)>, kafka::Error> {
+    ) -> Result<Vec<(Partition, Committed)>, kafka::Error> {
         self.inner.committed(partitions).await
     }
-    async fn log_start(&mut self, partitions: &[Partition]) -> Result<Vec<(Partition, i64)>, kafka::Error> {
-        self.inner.log_start(partitions).await
+    async fn bounds(&mut self, partitions: &[Partition]) -> Result<Vec<(Partition, Bounds)>, kafka::Error> {
+        self.inner.bounds(partitions).await
     }
     async fn seek(&mut self, positions: &[(Partition, i64)]) -> Result<(), kafka::Error> {
         self.inner.seek(positions).await

@@ -116,6 +116,10 @@ fn host_name() -> String {
         .unwrap_or_else(|| "local".into())
 }
 
+/// How long the exactly-once loop may fail without committing before `/readyz` says so (a
+/// broker restart's recovery takes seconds; an offset commit left open lasts for ever).
+pub const STALL_BOUND: Duration = Duration::from_secs(60);
+
 /// antifraude as `pagamentos antifraude` and `pagamentos all` start it.
 #[derive(Debug, Clone, Copy)]
 pub struct Antifraud;
@@ -152,10 +156,10 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
     let input = kafka.topic(topics::REQUESTED);
     let client = match args.kafka_client {
         TransactionalClient::Librdkafka => {
-            let consumer = kafka::consumer::subscribe(
-                &consumer_config(&kafka, "antifraude", &group, OffsetCommit::InTransaction),
-                &[&input],
-            )?;
+            let config = consumer_config(&kafka, "antifraude", &group, OffsetCommit::InTransaction);
+            let consumer = kafka::consumer::subscribe(&config, &[&input])?;
+            // the gauge's committed offsets must not wait for a transaction left open
+            let offsets = kafka::lag::offsets_reader(&config).map_err(kafka::Error::Config)?;
             let client = kafka::exactly_once::LibrdkafkaClient::new(
                 consumer.clone(),
                 transactional_producer_config(
@@ -165,7 +169,10 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
                     profile.transaction_linger(),
                 ),
             );
-            shell.spawn("lag-gauges", kafka::lag::report(consumer, group.clone(), shutdown.clone()));
+            shell.spawn(
+                "lag-gauges",
+                kafka::lag::report_with(consumer, offsets, group.clone(), shutdown.clone()),
+            );
             Loop::Librdkafka(client)
         }
         TransactionalClient::Confluent => {
@@ -192,11 +199,15 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
         batch_wait_max: Duration::from_millis(args.batch_wait_ms),
         ..kafka::exactly_once::Options::default()
     };
+    let liveness = options.liveness.clone();
     tracing::info!(transactional_id, group, client = ?args.kafka_client, "antifraude starting");
 
     let probe = Producer::shared_or_own(producer, &kafka, "antifraude-health", profile.linger())?;
-    let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> =
-        vec![Arc::new(kafka::health::KafkaReady::new(probe, input.clone()))];
+    let checks: Vec<Arc<dyn telemetry::health::ReadinessCheck>> = vec![
+        Arc::new(kafka::health::KafkaReady::new(probe, input.clone())),
+        // no payment passes antifraude while its loop cannot commit: say so on /readyz
+        Arc::new(kafka::exactly_once::Stalled { liveness, bound: STALL_BOUND }),
+    ];
     let readiness = shell.readiness(checks, detail, auth.warnings());
     let app = telemetry::health::router(readiness, metrics);
     let inputs = std::slice::from_ref(&input);

@@ -46,6 +46,11 @@ pub enum Error {
         #[source]
         source: KafkaError,
     },
+    /// The group's committed offsets of some partitions could not be read (the offsets of a
+    /// transaction still open, `UNSTABLE_OFFSET_COMMIT`; an authorization refusal): never
+    /// taken as "nothing committed". Names each partition and its error.
+    #[error("committed offsets unreadable: {0}")]
+    CommittedUnreadable(String),
     /// An admin request (topics) failed.
     #[error("admin request {operation} failed")]
     Admin {

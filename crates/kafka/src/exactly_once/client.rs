@@ -12,8 +12,9 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::OwnedMessage;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-use super::{Client, Partition, Recovery, TxnError};
+use super::{Bounds, Client, Committed, Partition, Recovery, TxnError};
 use crate::consumer::KafkaConsumer;
+use crate::metadata::{offsets_at, End};
 use crate::producer::OutgoingRecord;
 use crate::transactional::{TransactionalProducer, CALL_TIMEOUT};
 use crate::Error;
@@ -76,6 +77,23 @@ fn recovery(error: &Error) -> Recovery {
 
 fn txn(error: Error) -> TxnError {
     TxnError { recovery: recovery(&error), source: error }
+}
+
+/// One element of librdkafka's answer to a committed-offsets request: its own error (an
+/// unstable offset commit it stopped waiting for, an authorization refusal) is kept, never
+/// read as "nothing committed".
+fn committed_of(
+    element: &rdkafka::topic_partition_list::TopicPartitionListElem<'_>,
+) -> (Partition, Committed) {
+    let partition = Partition::new(element.topic(), element.partition());
+    let offset = match element.error() {
+        Err(source) => Err(Error::Consumer { operation: "committed", source }),
+        Ok(()) => Ok(match element.offset() {
+            Offset::Offset(offset) => Some(offset),
+            _ => None,
+        }),
+    };
+    (partition, offset)
 }
 
 fn list(positions: impl IntoIterator<Item = (Partition, Offset)>) -> Result<TopicPartitionList, KafkaError> {
@@ -195,39 +213,37 @@ impl Client for LibrdkafkaClient {
             .collect())
     }
 
-    async fn committed(&mut self, partitions: &[Partition]) -> Result<Vec<(Partition, Option<i64>)>, Error> {
+    async fn committed(&mut self, partitions: &[Partition]) -> Result<Vec<(Partition, Committed)>, Error> {
         let asked = list(partitions.iter().map(|partition| (partition.clone(), Offset::Invalid)))
             .map_err(|source| Error::Consumer { operation: "committed", source })?;
         // librdkafka asks with require_stable when isolation.level is read_committed (ours)
         let committed = self
             .blocking("committed", move |consumer| consumer.committed_offsets(asked, CALL_TIMEOUT))
             .await?;
-        Ok(committed
-            .elements()
-            .iter()
-            .map(|element| {
-                let offset = match element.offset() {
-                    Offset::Offset(offset) => Some(offset),
-                    _ => None,
-                };
-                (Partition::new(element.topic(), element.partition()), offset)
-            })
-            .collect())
+        Ok(committed.elements().iter().map(committed_of).collect())
     }
 
-    async fn log_start(&mut self, partitions: &[Partition]) -> Result<Vec<(Partition, i64)>, Error> {
-        let partitions = partitions.to_vec();
-        self.blocking("log_start", move |consumer| {
-            partitions
-                .into_iter()
-                .map(|partition| {
-                    let (low, _high) =
-                        consumer.fetch_watermarks(&partition.topic, partition.partition, CALL_TIMEOUT)?;
-                    Ok((partition, low))
-                })
-                .collect()
-        })
-        .await
+    async fn bounds(&mut self, partitions: &[Partition]) -> Result<Vec<(Partition, Bounds)>, Error> {
+        let asked: Vec<(String, i32)> =
+            partitions.iter().map(|partition| (partition.topic.clone(), partition.partition)).collect();
+        let (starts, ends) = self
+            .blocking("bounds", move |consumer| {
+                // one ListOffsets per partition leader for each bound, every partition at once
+                let starts = offsets_at(consumer, &asked, End::Start, CALL_TIMEOUT)?;
+                let ends = offsets_at(consumer, &asked, End::Last, CALL_TIMEOUT)?;
+                Ok((starts, ends))
+            })
+            .await?;
+        partitions
+            .iter()
+            .map(|partition| {
+                let key = (partition.topic.clone(), partition.partition);
+                match (starts.get(&key), ends.get(&key)) {
+                    (Some(&start), Some(&end)) => Ok((partition.clone(), Bounds { start, end })),
+                    _ => Err(Error::Fatal(format!("no log bounds returned for {partition}").into())),
+                }
+            })
+            .collect()
     }
 
     async fn seek(&mut self, positions: &[(Partition, i64)]) -> Result<(), Error> {

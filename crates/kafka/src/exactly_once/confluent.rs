@@ -26,7 +26,7 @@ use confluent_kafka::consumer::{
 use confluent_kafka::producer::{KafkaProducer, Producer as _, ProducerConfig, ProducerRecord};
 use rdkafka::message::{Header, OwnedHeaders, OwnedMessage, Timestamp};
 
-use super::{Client, Partition, Recovery, TxnError};
+use super::{Bounds, Client, Committed, Partition, Recovery, TxnError};
 use crate::config::{
     GroupProtocol, KafkaArgs, SecurityProtocol, CONNECTION_SETUP_TIMEOUT, METADATA_REFRESH_INTERVAL,
     RECONNECT_BACKOFF_MAX, SOCKET_TIMEOUT, TRANSACTION_RETRY_BACKOFF, TRANSACTION_TIMEOUT,
@@ -432,8 +432,9 @@ impl Client for ConfluentClient {
         Ok(self.consumer.assignment().iter().map(partition_of).collect())
     }
 
-    async fn committed(&mut self, partitions: &[Partition]) -> Result<Vec<(Partition, Option<i64>)>, Error> {
+    async fn committed(&mut self, partitions: &[Partition]) -> Result<Vec<(Partition, Committed)>, Error> {
         let asked: Vec<TopicPartition> = partitions.iter().map(topic_partition).collect();
+        // the Java client's committed() answers for every partition or fails as a whole
         let committed = self.consumer.committed(&asked).await.map_err(call("committed"))?;
         Ok(partitions
             .iter()
@@ -441,20 +442,24 @@ impl Client for ConfluentClient {
                 let offset = committed
                     .get(&topic_partition(partition))
                     .and_then(|offset| offset.as_ref().map(OffsetAndMetadata::offset));
-                (partition.clone(), offset)
+                (partition.clone(), Ok(offset))
             })
             .collect())
     }
 
-    async fn log_start(&mut self, partitions: &[Partition]) -> Result<Vec<(Partition, i64)>, Error> {
+    async fn bounds(&mut self, partitions: &[Partition]) -> Result<Vec<(Partition, Bounds)>, Error> {
         let asked: Vec<TopicPartition> = partitions.iter().map(topic_partition).collect();
         let starts = self.consumer.beginning_offsets(&asked).await.map_err(call("log_start"))?;
+        // the consumer's isolation level's end: read_committed, the last stable offset
+        let ends = self.consumer.end_offsets(&asked).await.map_err(call("log_end"))?;
         partitions
             .iter()
             .map(|partition| {
-                starts.get(&topic_partition(partition)).map(|start| (partition.clone(), *start)).ok_or_else(
-                    || Error::Fatal(format!("no log start offset returned for {partition}").into()),
-                )
+                let key = topic_partition(partition);
+                match (starts.get(&key), ends.get(&key)) {
+                    (Some(&start), Some(&end)) => Ok((partition.clone(), Bounds { start, end })),
+                    _ => Err(Error::Fatal(format!("no log bounds returned for {partition}").into())),
+                }
             })
             .collect()
     }

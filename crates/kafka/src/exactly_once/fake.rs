@@ -3,7 +3,10 @@
 //! an operation. It behaves as the loop must expect of a real client, not as the loop would
 //! like: the broker accepts offsets for a partition the member lost (it checks the member
 //! epoch, read at `send_offsets`, not ownership), a refused unassign keeps the fetch position,
-//! a fetcher can run past records, and a commit can apply while its answer is lost.
+//! a partition can come back with its fetcher past records, a commit can apply while its
+//! answer is lost, a committed offset can be unreadable, and the log has holes: offsets that
+//! hold no readable record (transaction markers, aborted records, compacted or deleted
+//! ranges), which the fetcher steps over as a real consumer does.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -11,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use rdkafka::message::{OwnedMessage, Timestamp};
 use tokio_util::sync::CancellationToken;
 
-use super::{Client, Partition, Recovery, TxnError};
+use super::{Bounds, Client, Committed, Partition, Recovery, TxnError};
 use crate::producer::OutgoingRecord;
 use crate::Error;
 
@@ -43,9 +46,12 @@ pub(super) enum Fault {
         other_member_commits: bool,
         keep_position: bool,
     },
-    /// The fetcher of `partition` runs `by` records past its position (as a fetcher that was
-    /// not reset would).
+    /// `partition` is revoked and given back (the clock ticks) with its fetcher `by` offsets
+    /// past the group's committed offset: a fetch position the client did not reset.
     Skip { op: &'static str, nth: usize, partition: i32, by: i64 },
+    /// The `nth` committed-offsets read answers for `partition` with an error of its own
+    /// (`UNSTABLE_OFFSET_COMMIT`), the other partitions with their offsets.
+    Unreadable { nth: usize, partition: i32 },
 }
 
 impl Fault {
@@ -56,6 +62,7 @@ impl Fault {
             | Self::Rebalance { op, nth, .. }
             | Self::Skip { op, nth, .. } => (op, *nth),
             Self::CommitAnswerLost { nth, .. } | Self::CommitLate { nth } => ("commit", *nth),
+            Self::Unreadable { nth, .. } => ("committed", *nth),
         }
     }
 }
@@ -70,8 +77,14 @@ struct Txn {
 
 #[derive(Debug, Default)]
 pub(super) struct Inner {
-    /// Records per partition of `in`.
+    /// Records per partition of `in`: the offset after the last.
     pub ends: BTreeMap<Partition, i64>,
+    /// Offsets that hold no readable record (markers, aborted, compacted): never delivered.
+    pub holes: BTreeSet<(Partition, i64)>,
+    /// The first offset still in each partition's log (retention deleted what lies below).
+    pub starts: BTreeMap<Partition, i64>,
+    /// The partition whose committed offset the pending read cannot read.
+    unreadable: Option<Partition>,
     pub assigned: BTreeSet<Partition>,
     position: BTreeMap<Partition, i64>,
     pub committed: BTreeMap<Partition, i64>,
@@ -160,7 +173,8 @@ impl Inner {
                     if other_member_commits && !pending {
                         let from = self.committed.get(&partition).copied().unwrap_or(0);
                         let end = self.ends[&partition];
-                        self.outputs.extend((from..end).map(|offset| (partition.clone(), offset)));
+                        let read = self.readable(&partition).into_iter().filter(|offset| *offset >= from);
+                        self.outputs.extend(read.map(|offset| (partition.clone(), offset)));
                         self.committed.insert(partition.clone(), end);
                     }
                     if !keep_position {
@@ -170,8 +184,16 @@ impl Inner {
                 }
                 Fault::Skip { partition, by, .. } => {
                     let partition = Partition::new(TOPIC, partition);
-                    let position = self.position.get(&partition).copied().unwrap_or(0);
-                    self.position.insert(partition, position + by);
+                    self.clock += 1;
+                    self.revoked_at.insert(partition.clone(), self.clock);
+                    if op != "receive" {
+                        self.member_fenced = true;
+                    }
+                    let committed = self.committed.get(&partition).copied().unwrap_or(0);
+                    self.position.insert(partition, committed + by);
+                }
+                Fault::Unreadable { partition, .. } => {
+                    self.unreadable = Some(Partition::new(TOPIC, partition));
                 }
             }
         }
@@ -189,10 +211,27 @@ impl Inner {
         }
     }
 
+    /// The readable records of `partition`: in its log, not a hole.
+    pub fn readable(&self, partition: &Partition) -> Vec<i64> {
+        let start = self.starts.get(partition).copied().unwrap_or(0);
+        (start..self.ends[partition])
+            .filter(|offset| !self.holes.contains(&(partition.clone(), *offset)))
+            .collect()
+    }
+
+    /// Where a partition is done: past its last readable record (what the loop commits).
+    pub fn readable_end(&self, partition: &Partition) -> i64 {
+        self.readable(partition).last().map_or(0, |last| last + 1)
+    }
+
     /// Everything read and committed, no transaction open.
     fn done(&self) -> bool {
         self.txn.is_none()
-            && self.ends.iter().all(|(partition, end)| self.committed.get(partition) == Some(end))
+            && self.ends.keys().all(|partition| {
+                let readable_end = self.readable_end(partition);
+                readable_end == 0
+                    || self.committed.get(partition).is_some_and(|committed| *committed >= readable_end)
+            })
     }
 }
 
@@ -202,6 +241,16 @@ fn txn_error(recovery: Recovery, what: &str) -> TxnError {
 
 fn failure(recovery: Recovery, op: &str) -> TxnError {
     txn_error(recovery, &format!("injected {op} failure"))
+}
+
+/// What a partition's log holds besides records: per partition number, holes (offsets with
+/// no readable record), a log start (offsets below it deleted) and a committed offset from
+/// before the test.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Log {
+    pub holes: Vec<(i32, i64)>,
+    pub starts: BTreeMap<i32, i64>,
+    pub committed: BTreeMap<i32, i64>,
 }
 
 /// The broker, shared by the client under test and the test.
@@ -217,12 +266,35 @@ impl Fake {
     /// `partitions` partitions of `records` records each, all assigned to the member, and
     /// `faults` to inject.
     pub fn new(partitions: i32, records: i64, faults: Vec<Fault>) -> Self {
+        Self::with_log(partitions, records, &Log::default(), faults)
+    }
+
+    /// As [`Fake::new`], with `log`'s holes, deleted ranges and earlier commits.
+    pub fn with_log(partitions: i32, records: i64, log: &Log, faults: Vec<Fault>) -> Self {
         let mut inner = Inner { faults, ..Inner::default() };
         for partition in 0..partitions {
             let partition = Partition::new(TOPIC, partition);
             inner.ends.insert(partition.clone(), records);
             inner.assigned.insert(partition.clone());
-            inner.position.insert(partition, 0);
+            let start = log.starts.get(&partition.partition).copied().unwrap_or(0);
+            inner.starts.insert(partition.clone(), start);
+            for hole in log.holes.iter().filter(|(of, _)| *of == partition.partition) {
+                inner.holes.insert((partition.clone(), hole.1));
+            }
+            // the client positions the partition at the committed offset, or (out of range,
+            // auto.offset.reset=earliest) at the log start
+            let position = match log.committed.get(&partition.partition) {
+                Some(&committed) => {
+                    inner.committed.insert(partition.clone(), committed);
+                    if (start..=records).contains(&committed) {
+                        committed
+                    } else {
+                        start
+                    }
+                }
+                None => start,
+            };
+            inner.position.insert(partition, position);
         }
         let receive_limit = (partitions as usize * records as usize + 1) * 50;
         Self { inner: Arc::new(Mutex::new(inner)), shutdown: CancellationToken::new(), receive_limit }
@@ -273,7 +345,13 @@ impl Client for Fake {
             // round robin over the partitions with records left
             for step in 0..assigned.len() {
                 let partition = &assigned[(inner.next + step) % assigned.len()];
-                let position = inner.position[partition];
+                let mut position = inner.position[partition].max(inner.starts[partition]);
+                // the fetcher steps over what holds no readable record
+                while position < inner.ends[partition] && inner.holes.contains(&(partition.clone(), position))
+                {
+                    position += 1;
+                }
+                inner.position.insert(partition.clone(), position);
                 if position < inner.ends[partition] {
                     inner.position.insert(partition.clone(), position + 1);
                     found = Some(Fake::record(partition, position));
@@ -420,19 +498,33 @@ impl Client for Fake {
         Ok(self.lock().assigned.iter().cloned().collect())
     }
 
-    async fn committed(&mut self, partitions: &[Partition]) -> Result<Vec<(Partition, Option<i64>)>, Error> {
+    async fn committed(&mut self, partitions: &[Partition]) -> Result<Vec<(Partition, Committed)>, Error> {
         let mut inner = self.lock();
         if inner.inject("committed").is_some() {
             return Err(Error::Fatal("injected committed failure".into()));
         }
+        let unreadable = inner.unreadable.take();
         Ok(partitions
             .iter()
-            .map(|partition| (partition.clone(), inner.committed.get(partition).copied()))
+            .map(|partition| {
+                let offset = if unreadable.as_ref() == Some(partition) {
+                    Err(Error::Fatal("UNSTABLE_OFFSET_COMMIT (injected)".into()))
+                } else {
+                    Ok(inner.committed.get(partition).copied())
+                };
+                (partition.clone(), offset)
+            })
             .collect())
     }
 
-    async fn log_start(&mut self, partitions: &[Partition]) -> Result<Vec<(Partition, i64)>, Error> {
-        Ok(partitions.iter().map(|partition| (partition.clone(), 0)).collect())
+    async fn bounds(&mut self, partitions: &[Partition]) -> Result<Vec<(Partition, Bounds)>, Error> {
+        let inner = self.lock();
+        Ok(partitions
+            .iter()
+            .map(|partition| {
+                (partition.clone(), Bounds { start: inner.starts[partition], end: inner.ends[partition] })
+            })
+            .collect())
     }
 
     async fn seek(&mut self, positions: &[(Partition, i64)]) -> Result<(), Error> {

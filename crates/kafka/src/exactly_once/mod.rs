@@ -5,20 +5,25 @@
 //! One iteration:
 //! 1. collect a batch (up to [`Options::batch_records_max`] records, or what arrives within
 //!    [`Options::batch_wait_max`] of the first);
-//! 2. check that every partition's records start exactly where its last commit (or the last
-//!    rewind) left it and run without a hole; a partition not seen since the last rebalance
-//!    is checked against the group's committed offset, read from the coordinator;
-//! 3. begin, produce one output per record, check that no rebalance happened since the batch
-//!    was collected, send the next offsets with the consumer's group metadata, commit (a
-//!    commit that fails retriably is called again, [`Options::commit_attempts`] in all).
+//! 2. check each partition's records against where the loop last positioned the consumer
+//!    (its own seek, or its own last commit): never behind it, in increasing order; holes
+//!    between offsets are the log's own (transaction markers, aborted records, compaction,
+//!    deleted records) and are not gaps. A partition the client positioned by itself (one
+//!    assigned since the last rewind) must start exactly at the group's committed offset,
+//!    or it is sought there first (decision 0041);
+//! 3. begin, send the next offsets with the consumer's group metadata, produce one output per
+//!    record, commit (a commit that fails retriably is called again,
+//!    [`Options::commit_attempts`] in all). Offsets go first: they are the transaction's
+//!    first request, so the next transaction's `CONCURRENT_TRANSACTIONS` answer is retried
+//!    on librdkafka's short `AddOffsetsToTxn` back-off, not on its 20 ms one.
 //!
 //! On any failure of 2 or 3: the transaction is aborted (a failed abort, a fatal, fenced or
 //! stuck producer, or a commit whose outcome stayed unknown: a new producer registers the
 //! `transactional.id`, which fences the old one and completes or aborts what it left open),
 //! **every record in hand is discarded**, every assigned partition is rewound to the group's
 //! committed offset read from the coordinator (`require_stable`: offsets of transactions
-//! still open are waited for; the log start where there is none), and the loop backs off
-//! before it reads again. The rewind reads the committed offsets only after the producer's
+//! still open are waited for; the log start where there is none; an offset that cannot be
+//! read is an error, never "none"), and the loop backs off before it reads again. The rewind reads the committed offsets only after the producer's
 //! last transaction is final (aborted, or its producer fenced), so the offsets it reads are
 //! the ones that stay.
 //!
@@ -31,7 +36,8 @@
 //! (Confluent's `confluent-kafka`, transactions v2; under evaluation, issue #45) when
 //! antifraude is started with `ANTIFRAUDE_KAFKA_CLIENT=confluent`, an in-memory broker in the
 //! unit tests (`tests`), which run the loop deterministically on tokio's paused clock through commit
-//! failures, ambiguous commits, fenced producers, rebalances mid-batch and fetchers that skip.
+//! failures, ambiguous commits, fenced producers, rebalances, stale fetch positions, holes in
+//! the log and committed offsets that cannot be read.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -48,11 +54,13 @@ pub mod client;
 pub mod confluent;
 #[cfg(test)]
 mod fake;
+mod liveness;
 #[cfg(test)]
 mod tests;
 
 pub use client::LibrdkafkaClient;
 pub use confluent::{ConfluentClient, ConfluentConfig};
+pub use liveness::{Liveness, Stalled};
 
 /// A topic partition.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -136,20 +144,35 @@ pub trait Client: Send {
     fn assignment(&mut self) -> Result<Vec<Partition>, Error>;
 
     /// The group's committed offsets, from the coordinator, waiting for offsets of
-    /// transactions still open (`require_stable`); `None` where nothing is committed.
+    /// transactions still open (`require_stable`), in one request: per partition `Ok(None)`
+    /// where nothing is committed, an error where its offset could not be read (an unstable
+    /// offset commit, an authorization refusal): never mistaken for "nothing committed".
     fn committed(
         &mut self,
         partitions: &[Partition],
-    ) -> impl Future<Output = Result<Vec<(Partition, Option<i64>)>, Error>> + Send;
+    ) -> impl Future<Output = Result<Vec<(Partition, Committed)>, Error>> + Send;
 
-    /// The first offset still in each partition's log.
-    fn log_start(
+    /// Each partition's log start offset and end offset (the consumer's isolation level's),
+    /// asked for all partitions at once.
+    fn bounds(
         &mut self,
         partitions: &[Partition],
-    ) -> impl Future<Output = Result<Vec<(Partition, i64)>, Error>> + Send;
+    ) -> impl Future<Output = Result<Vec<(Partition, Bounds)>, Error>> + Send;
 
     /// Moves the fetch position of each partition: the next record received is there.
     fn seek(&mut self, positions: &[(Partition, i64)]) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+/// A group's committed offset of one partition: `None` where nothing is committed, an error
+/// where it could not be read.
+pub type Committed = Result<Option<i64>, Error>;
+
+/// A partition's log: the first offset still in it and the offset after its last record
+/// (for a `read_committed` consumer, the last stable offset).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    pub start: i64,
+    pub end: i64,
 }
 
 /// What the loop's caller does with each record.
@@ -177,6 +200,9 @@ pub struct Options {
     /// Calls of `commit` for one transaction while it fails retriably; after the last the
     /// outcome is unknown and a new producer settles it.
     pub commit_attempts: u32,
+    /// Where the loop reports failing without a commit (for `/readyz` and
+    /// `kafka_transaction_failing_seconds`).
+    pub liveness: Liveness,
 }
 
 impl Default for Options {
@@ -186,6 +212,7 @@ impl Default for Options {
             batch_wait_max: Duration::ZERO,
             backoff: Backoff::default(),
             commit_attempts: 3,
+            liveness: Liveness::default(),
         }
     }
 }
@@ -193,15 +220,18 @@ impl Default for Options {
 /// Why a batch was discarded (the `reason` label of `kafka_transaction_rewinds_total`).
 #[derive(Debug, thiserror::Error)]
 enum Discard {
-    #[error("a rebalance happened while the batch was in hand")]
-    Rebalanced {
-        /// Its transaction was open (to abort).
-        begun: bool,
-    },
+    #[error("a rebalance happened while the batch was being collected")]
+    Rebalanced,
     #[error(
-        "{partition} starts at offset {first}, not at {expected} where its last commit or rewind left it"
+        "{partition} starts at offset {first}, below {expected} where the loop's last commit or seek left it: those records were read before"
     )]
-    Gap { partition: Partition, expected: i64, first: i64 },
+    Behind { partition: Partition, expected: i64, first: i64 },
+    #[error("{partition} delivered offset {offset} after offset {previous}: out of order")]
+    OutOfOrder { partition: Partition, previous: i64, offset: i64 },
+    #[error(
+        "{partition} starts at offset {first}, past the group's committed offset {committed}, at a position the client chose: it is sought to the committed offset first"
+    )]
+    Unverified { partition: Partition, committed: i64, first: i64 },
     #[error("the group's committed offsets could not be read")]
     Lookup(#[source] Error),
     #[error("transaction {operation} failed")]
@@ -221,13 +251,38 @@ enum Discard {
 impl Discard {
     fn reason(&self) -> &'static str {
         match self {
-            Self::Rebalanced { .. } => "rebalance",
-            Self::Gap { .. } => "gap",
+            Self::Rebalanced => "rebalance",
+            Self::Behind { .. } => "behind",
+            Self::OutOfOrder { .. } => "out_of_order",
+            Self::Unverified { .. } => "unverified_start",
             Self::Lookup(_) => "committed_unreadable",
             Self::Transaction { .. } => "transaction_failed",
             Self::CommitUnknown { .. } => "commit_unknown",
         }
     }
+
+    /// Something failed (the loop backs off), rather than the consumer having to be put where
+    /// the loop can vouch for it (a rebalance, a start the client chose).
+    fn is_failure(&self) -> bool {
+        !matches!(self, Self::Rebalanced | Self::Unverified { .. })
+    }
+
+    /// The client delivered what it must not: records already read, or out of order.
+    fn is_client_fault(&self) -> bool {
+        matches!(self, Self::Behind { .. } | Self::OutOfOrder { .. })
+    }
+}
+
+/// Where a partition's next record may start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Cursor {
+    /// No record below this offset may come: where the loop's last commit or seek left it.
+    next: i64,
+    /// The loop put the consumer here itself (its own seek, or its own commit of the records
+    /// delivered before): the consumer reads on from here in the log's order, so a first
+    /// record past `next` means the offsets between hold nothing readable. `false` for a
+    /// position the client chose (a partition assigned since the last rewind).
+    vouched: bool,
 }
 
 /// What the loop must settle before it reads again.
@@ -239,11 +294,21 @@ struct State {
     rewind: bool,
     /// Consecutive failures, for the backoff.
     failures: u32,
-    /// Per partition, the offset its next record must have: where the last commit or rewind
-    /// left it. Valid only at the rebalance tick it was set at.
-    expected: BTreeMap<Partition, i64>,
+    /// Per partition, where its next record may start. Valid only at the rebalance tick it
+    /// was set at.
+    expected: BTreeMap<Partition, Cursor>,
     expected_at: u64,
+    /// Per partition, the committed offset whose records deleted before they were read were
+    /// counted already (a rewind repeated before the next commit counts them once).
+    deleted_counted: BTreeMap<Partition, i64>,
+    /// Per partition, consecutive reads that found its committed offset past its log's end.
+    beyond_end: BTreeMap<Partition, u32>,
 }
+
+/// Reads in a row that must find a committed offset past the log's end before the loop takes
+/// the log as recreated (or truncated) and starts at its start: a new leader's end offset can
+/// lag the old one's for a moment.
+const BEYOND_END_READS: u32 = 5;
 
 /// A batch and the rebalance tick right after its first record was taken.
 struct Batch {
@@ -277,7 +342,11 @@ pub async fn run<C: Client, T: Transform>(
             match renewed {
                 Ok(()) => state.renew = false,
                 Err(error) => {
-                    tracing::warn!(error = %crate::consumer::error_chain(&error), "transactional producer not registered; retrying");
+                    let error = crate::consumer::error_chain(&error);
+                    tracing::warn!(%error, "transactional producer not registered; retrying");
+                    options
+                        .liveness
+                        .failed(&group, format!("transactional producer not registered: {error}"));
                     if pause(&mut state, options, shutdown).await {
                         return Ok(());
                     }
@@ -289,7 +358,11 @@ pub async fn run<C: Client, T: Transform>(
             match rewind(client, &mut state).await {
                 Ok(()) => state.rewind = false,
                 Err(error) => {
-                    tracing::warn!(error = %crate::consumer::error_chain(&error), "rewind to the committed offsets failed; retrying");
+                    let error = crate::consumer::error_chain(&error);
+                    tracing::warn!(%error, "rewind to the committed offsets failed; retrying");
+                    options
+                        .liveness
+                        .failed(&group, format!("rewind to the committed offsets failed: {error}"));
                     if pause(&mut state, options, shutdown).await {
                         return Ok(());
                     }
@@ -297,13 +370,24 @@ pub async fn run<C: Client, T: Transform>(
                 }
             }
         }
-        let Some(batch) = collect(client, options, shutdown).await? else {
-            return Ok(());
+        let batch = match collect(client, options, shutdown, state.expected_at).await? {
+            Collected::Batch(batch) => batch,
+            Collected::Rebalanced => {
+                tracing::info!(
+                    "a rebalance was served while no record came: the assigned partitions are rewound"
+                );
+                metrics::counter!("kafka_transaction_rewinds_total", "group" => group.clone(), "reason" => "rebalance")
+                    .increment(1);
+                state.rewind = true;
+                continue;
+            }
+            Collected::Shutdown => return Ok(()),
         };
         let started = Instant::now();
         match transact(client, transform, options, &mut state, &batch).await {
             Ok(outputs) => {
                 state.failures = 0;
+                options.liveness.committed(&group);
                 let took = started.elapsed();
                 handling_seconds.record(took.as_secs_f64());
                 transform.committed(&outputs, took);
@@ -311,20 +395,25 @@ pub async fn run<C: Client, T: Transform>(
             Err(Failed::Fatal(error)) => return Err(error),
             Err(Failed::Discarded(discard)) => {
                 let first = &batch.records[0];
-                metrics::counter!("retries_total", "topic" => first.topic().to_owned()).increment(1);
                 metrics::counter!("kafka_transaction_rewinds_total", "group" => group.clone(), "reason" => discard.reason())
                     .increment(1);
-                let level_error = matches!(discard, Discard::Gap { .. });
                 let message = "batch discarded: every record in hand dropped, the assigned partitions rewound to the group's committed offsets";
-                if level_error {
-                    tracing::error!(error = %crate::consumer::error_chain(&discard), records = batch.records.len(), "{message}");
+                let error = crate::consumer::error_chain(&discard);
+                if discard.is_client_fault() {
+                    tracing::error!(%error, records = batch.records.len(), "{message}");
+                } else if discard.is_failure() {
+                    tracing::warn!(%error, records = batch.records.len(), "{message}");
                 } else {
-                    tracing::warn!(error = %crate::consumer::error_chain(&discard), records = batch.records.len(), "{message}");
+                    tracing::info!(%error, records = batch.records.len(), "{message}");
                 }
                 settle(client, &mut state, &discard).await;
                 state.rewind = true;
-                if pause(&mut state, options, shutdown).await {
-                    return Ok(());
+                if discard.is_failure() {
+                    options.liveness.failed(&group, format!("batch discarded: {error}"));
+                    metrics::counter!("retries_total", "topic" => first.topic().to_owned()).increment(1);
+                    if pause(&mut state, options, shutdown).await {
+                        return Ok(());
+                    }
                 }
             }
         }
@@ -347,8 +436,12 @@ impl From<Discard> for Failed {
 /// it can go on, otherwise marking the producer for renewal (before the rewind reads offsets).
 async fn settle<C: Client>(client: &mut C, state: &mut State, discard: &Discard) {
     let then = match discard {
-        Discard::Rebalanced { begun: false } | Discard::Gap { .. } | Discard::Lookup(_) => return, // nothing begun
-        Discard::Rebalanced { begun: true } => Recovery::Abort,
+        // nothing begun
+        Discard::Rebalanced
+        | Discard::Behind { .. }
+        | Discard::OutOfOrder { .. }
+        | Discard::Unverified { .. }
+        | Discard::Lookup(_) => return,
         Discard::CommitUnknown { .. } => Recovery::NewProducer,
         Discard::Transaction { error, .. } => error.recovery,
     };
@@ -374,19 +467,39 @@ async fn pause(state: &mut State, options: &Options, shutdown: &CancellationToke
     }
 }
 
-/// The next batch, or `None` when shut down first.
+/// What [`collect`] came back with.
+enum Collected {
+    Batch(Batch),
+    /// A rebalance that took partitions away was served while no record came: the client
+    /// may have positioned a partition given back anywhere (past its last records, where no
+    /// record would ever come to show it), so the loop rewinds without waiting for one.
+    Rebalanced,
+    Shutdown,
+}
+
+/// How often the loop, waiting for a first record, looks whether a rebalance was served.
+const IDLE_REBALANCE_CHECK: Duration = Duration::from_secs(1);
+
+/// The next batch, or what came first: a rebalance while idle, or a shutdown.
 async fn collect<C: Client>(
     client: &mut C,
     options: &Options,
     shutdown: &CancellationToken,
-) -> Result<Option<Batch>, Error> {
-    let first = tokio::select! {
-        biased;
-        _ = shutdown.cancelled() => return Ok(None),
-        record = client.receive() => record?,
+    expected_at: u64,
+) -> Result<Collected, Error> {
+    let first = loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return Ok(Collected::Shutdown),
+            // cancel-safe: a record is taken only when receive returns it
+            record = client.receive() => break record?,
+            _ = tokio::time::sleep(IDLE_REBALANCE_CHECK) => {
+                if client.rebalances() != expected_at {
+                    return Ok(Collected::Rebalanced);
+                }
+            }
+        }
     };
-    // a rebalance served while the first record was awaited came before it
-    let tick = client.rebalances();
     let mut records = Vec::with_capacity(options.batch_records_max.min(64));
     records.push(first);
     let deadline = tokio::time::Instant::now() + options.batch_wait_max;
@@ -396,7 +509,10 @@ async fn collect<C: Client>(
             Err(_elapsed) => break,
         }
     }
-    Ok(Some(Batch { records, tick }))
+    // read after the last record: a rebalance served by any receive of the batch moves it
+    // past the tick the loop's cursors were set at
+    let tick = client.rebalances();
+    Ok(Collected::Batch(Batch { records, tick }))
 }
 
 /// One partition's records in a batch.
@@ -405,11 +521,12 @@ struct Run {
     partition: Partition,
     first: i64,
     last: i64,
-    /// The first record that does not follow its predecessor: (the offset expected, its own).
-    hole: Option<(i64, i64)>,
+    /// The first record not past its predecessor: (the predecessor's offset, its own).
+    backwards: Option<(i64, i64)>,
 }
 
-/// The runs of `records`, per partition in order of first appearance.
+/// The runs of `records`, per partition in order of first appearance. Offsets may skip
+/// (the log's holes); a record at or below its predecessor's offset is noted.
 fn runs(records: &[OwnedMessage]) -> Vec<Run> {
     let mut runs: Vec<Run> = Vec::new();
     for record in records {
@@ -419,42 +536,109 @@ fn runs(records: &[OwnedMessage]) -> Vec<Run> {
         });
         match run {
             Some(run) => {
-                if run.hole.is_none() && offset != run.last + 1 {
-                    run.hole = Some((run.last + 1, offset));
+                if run.backwards.is_none() && offset <= run.last {
+                    run.backwards = Some((run.last, offset));
                 }
-                run.last = offset;
+                run.last = run.last.max(offset);
             }
-            None => {
-                runs.push(Run { partition: Partition::of(record), first: offset, last: offset, hole: None })
-            }
+            None => runs.push(Run {
+                partition: Partition::of(record),
+                first: offset,
+                last: offset,
+                backwards: None,
+            }),
         }
     }
     runs
 }
 
-/// Where `partitions` must start: the group's committed offset, or the log start where
-/// nothing is committed (or where retention deleted records past the commit).
-async fn committed_or_start<C: Client>(
+/// Where a partition must be read from, given the group's committed offset and its log.
+#[derive(Debug, PartialEq, Eq)]
+enum Start {
+    /// At this offset (the committed one, or the log start where nothing is committed).
+    At(i64),
+    /// At the log start: retention deleted `deleted` offsets past the committed one before
+    /// they were read.
+    Deleted { at: i64, deleted: i64 },
+    /// The committed offset lies past the log's end (a recreated or truncated log, or a new
+    /// leader whose end has not caught up yet): read again before deciding.
+    BeyondEnd { committed: i64, end: i64 },
+}
+
+fn start(committed: Option<i64>, bounds: Bounds) -> Start {
+    match committed {
+        None => Start::At(bounds.start),
+        Some(offset) if offset < bounds.start => {
+            Start::Deleted { at: bounds.start, deleted: bounds.start - offset }
+        }
+        Some(offset) if offset > bounds.end => Start::BeyondEnd { committed: offset, end: bounds.end },
+        Some(offset) => Start::At(offset),
+    }
+}
+
+/// Where `partitions` must be read from: the group's committed offsets and the logs' bounds,
+/// each read for all partitions in one call. An unreadable committed offset fails the lookup
+/// (the caller backs off and reads again); records deleted before they were read are counted
+/// (`kafka_records_deleted_unread_total`) and skipped, as the consumer itself would.
+async fn positions<C: Client>(
     client: &mut C,
     partitions: &[Partition],
+    state: &mut State,
 ) -> Result<Vec<(Partition, i64)>, Error> {
     let committed = client.committed(partitions).await?;
-    let starts: BTreeMap<Partition, i64> = client.log_start(partitions).await?.into_iter().collect();
-    Ok(committed
-        .into_iter()
-        .map(|(partition, committed)| {
-            let start = starts.get(&partition).copied().unwrap_or(0);
-            let at = match committed {
-                Some(offset) if offset >= start => offset,
-                Some(offset) => {
-                    tracing::warn!(%partition, committed = offset, log_start = start, "records past the committed offset were deleted by retention before they were read");
-                    start
+    let mut unreadable = Vec::new();
+    let mut offsets = Vec::with_capacity(committed.len());
+    for (partition, offset) in committed {
+        match offset {
+            Ok(offset) => offsets.push((partition, offset)),
+            Err(error) => unreadable.push(format!("{partition} ({})", crate::consumer::error_chain(&error))),
+        }
+    }
+    if !unreadable.is_empty() {
+        return Err(Error::CommittedUnreadable(unreadable.join(", ")));
+    }
+    let bounds: BTreeMap<Partition, Bounds> = client.bounds(partitions).await?.into_iter().collect();
+    let group = client.group().to_owned();
+    let mut positions = Vec::with_capacity(offsets.len());
+    for (partition, committed) in offsets {
+        let bounds = *bounds
+            .get(&partition)
+            .ok_or_else(|| Error::Fatal(format!("no log bounds returned for {partition}").into()))?;
+        let decided = start(committed, bounds);
+        if !matches!(decided, Start::BeyondEnd { .. }) {
+            state.beyond_end.remove(&partition);
+        }
+        let at = match decided {
+            Start::At(at) => at,
+            Start::Deleted { at, deleted } => {
+                let committed = committed.unwrap_or_default();
+                if state.deleted_counted.insert(partition.clone(), committed) != Some(committed) {
+                    metrics::counter!(
+                        "kafka_records_deleted_unread_total",
+                        "group" => group.clone(),
+                        "topic" => partition.topic.clone(),
+                        "partition" => partition.partition.to_string(),
+                    )
+                    .increment(u64::try_from(deleted).unwrap_or_default());
+                    tracing::error!(%partition, committed, log_start = at, deleted, "records past the group's committed offset were deleted by retention before they were read: never analysed (offsets of transaction markers included in the count)");
                 }
-                None => start,
-            };
-            (partition, at)
-        })
-        .collect())
+                at
+            }
+            Start::BeyondEnd { committed, end } => {
+                let reads = state.beyond_end.entry(partition.clone()).or_default();
+                *reads += 1;
+                if *reads < BEYOND_END_READS {
+                    return Err(Error::CommittedUnreadable(format!(
+                        "{partition} (committed offset {committed} past the log's end {end}, read {reads} times in a row)"
+                    )));
+                }
+                tracing::error!(%partition, committed, log_start = bounds.start, log_end = end, "the group's committed offset lies past the log's end (the topic was recreated or its log truncated): reading from the log start");
+                bounds.start
+            }
+        };
+        positions.push((partition, at));
+    }
+    Ok(positions)
 }
 
 /// Rewinds every assigned partition to where the group's committed offsets say it stands.
@@ -462,12 +646,13 @@ async fn rewind<C: Client>(client: &mut C, state: &mut State) -> Result<(), Erro
     let tick = client.rebalances();
     let assigned = client.assignment()?;
     let positions =
-        if assigned.is_empty() { Vec::new() } else { committed_or_start(client, &assigned).await? };
+        if assigned.is_empty() { Vec::new() } else { positions(client, &assigned, state).await? };
     if !positions.is_empty() {
         client.seek(&positions).await?;
     }
     tracing::info!(?positions, "partitions rewound to the group's committed offsets");
-    state.expected = positions.into_iter().collect();
+    state.expected =
+        positions.into_iter().map(|(partition, next)| (partition, Cursor { next, vouched: true })).collect();
     state.expected_at = tick;
     Ok(())
 }
@@ -481,16 +666,14 @@ async fn transact<C: Client, T: Transform>(
     state: &mut State,
     batch: &Batch,
 ) -> Result<Vec<OutgoingRecord>, Failed> {
-    if client.rebalances() != batch.tick {
-        return Err(Discard::Rebalanced { begun: false }.into());
-    }
-    // where each partition must start: known since the last commit or rewind at this tick,
-    // or else the group's committed offset (a partition assigned since)
+    // a rebalance since the cursors were set: the client may have positioned any partition
+    // (a partition given back keeps a fetch position librdkafka could not reset)
     if state.expected_at != batch.tick {
-        state.expected.clear();
-        state.expected_at = batch.tick;
+        return Err(Discard::Rebalanced.into());
     }
     let runs = runs(&batch.records);
+    // partitions assigned since the last rewind without a rebalance that took any away: the
+    // client positioned them, at the group's committed offset if it behaves
     let unknown: Vec<Partition> = runs
         .iter()
         .map(|run| &run.partition)
@@ -498,16 +681,31 @@ async fn transact<C: Client, T: Transform>(
         .cloned()
         .collect();
     if !unknown.is_empty() {
-        let known = committed_or_start(client, &unknown).await.map_err(Discard::Lookup)?;
-        state.expected.extend(known);
+        let known = positions(client, &unknown, state).await.map_err(Discard::Lookup)?;
+        state
+            .expected
+            .extend(known.into_iter().map(|(partition, next)| (partition, Cursor { next, vouched: false })));
     }
     for run in &runs {
-        let expected = state.expected[&run.partition];
-        if run.first != expected {
-            return Err(Discard::Gap { partition: run.partition.clone(), expected, first: run.first }.into());
+        let cursor = state.expected[&run.partition];
+        if let Some((previous, offset)) = run.backwards {
+            return Err(Discard::OutOfOrder { partition: run.partition.clone(), previous, offset }.into());
         }
-        if let Some((expected, first)) = run.hole {
-            return Err(Discard::Gap { partition: run.partition.clone(), expected, first }.into());
+        if run.first < cursor.next {
+            return Err(Discard::Behind {
+                partition: run.partition.clone(),
+                expected: cursor.next,
+                first: run.first,
+            }
+            .into());
+        }
+        if run.first > cursor.next && !cursor.vouched {
+            return Err(Discard::Unverified {
+                partition: run.partition.clone(),
+                committed: cursor.next,
+                first: run.first,
+            }
+            .into());
         }
     }
     let outputs = batch
@@ -517,16 +715,13 @@ async fn transact<C: Client, T: Transform>(
         .collect::<Result<Vec<_>, _>>()
         .map_err(|error| Failed::Fatal(Error::Fatal(Box::new(error))))?;
     let failed = |operation| move |error| Discard::Transaction { operation, error };
-    client.begin().await.map_err(failed("begin"))?;
-    client.send(&outputs).await.map_err(failed("send"))?;
-    // the member's group metadata is read in send_offsets; a rebalance since the batch was
-    // collected may have given its partitions to another member, which the broker does not
-    // check (only the member epoch): the batch is not this member's to commit any more
-    if client.rebalances() != batch.tick {
-        return Err(Discard::Rebalanced { begun: true }.into());
-    }
     let next: Vec<(Partition, i64)> = runs.iter().map(|run| (run.partition.clone(), run.last + 1)).collect();
+    client.begin().await.map_err(failed("begin"))?;
+    // the offsets first (the transaction's first request): see the module's documentation.
+    // The group metadata is read in send_offsets; no rebalance can have been served since the
+    // batch was checked (a client serves rebalances only inside receive)
     client.send_offsets(&next).await.map_err(failed("send_offsets"))?;
+    client.send(&outputs).await.map_err(failed("send"))?;
     let mut attempts = 0;
     loop {
         attempts += 1;
@@ -542,7 +737,7 @@ async fn transact<C: Client, T: Transform>(
         }
     }
     for (partition, next) in next {
-        state.expected.insert(partition, next);
+        state.expected.insert(partition, Cursor { next, vouched: true });
     }
     Ok(outputs)
 }

@@ -15,6 +15,10 @@ pub const EVENT_ID: &str = "evento-id";
 pub const EVENT_TYPE: &str = "evento-tipo";
 /// W3C trace context.
 pub const TRACEPARENT: &str = "traceparent";
+/// On a dead letter whose payload was cut to fit the topic's record size: the original
+/// payload's size in bytes (8-byte big-endian long). Its `*-original-topic`, `-partition` and
+/// `-offset` headers say where the whole record still is; such a letter is never replayed.
+pub const PAYLOAD_CUT_FROM: &str = "payload-cortado-de";
 pub const TRACESTATE: &str = "tracestate";
 
 /// Headers of the blocking error handlers' dead letters (antifraud, ledger, the projection),

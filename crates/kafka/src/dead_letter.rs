@@ -62,8 +62,47 @@ impl Failure {
 const EXCEPTION_HEADERS: [&str; 4] =
     [dlt::EXCEPTION_FQCN, dlt::EXCEPTION_CAUSE_FQCN, dlt::EXCEPTION_MESSAGE, dlt::EXCEPTION_STACKTRACE];
 
-/// The dead letter of `record`, failed in consumer group `group`.
+/// The most bytes of key, payload and headers a dead letter holds: below librdkafka's
+/// `message.max.bytes` (1 000 000) and the broker's default `max.message.bytes` (1 048 588),
+/// with room for the record's framing. A letter that would be larger (a record near the limit
+/// plus its dead-letter headers) could never be written, and its loop would retry it for ever.
+pub const DEAD_LETTER_MAX_BYTES: usize = 900_000;
+
+/// The most bytes an exception's message or stack trace keeps in a dead letter.
+const EXCEPTION_TEXT_MAX_BYTES: usize = 16 * 1024;
+
+/// The dead letter of `record`, failed in consumer group `group`. Within
+/// [`DEAD_LETTER_MAX_BYTES`]: a larger one keeps a prefix of its payload and says so in
+/// [`contracts::headers::PAYLOAD_CUT_FROM`] (its original-topic, -partition and -offset headers
+/// say where the whole record is).
 pub fn dead_letter(record: &OwnedMessage, group: &str, failure: &Failure) -> OutgoingRecord {
+    let mut letter = whole_dead_letter(record, group, failure);
+    let size = |letter: &OutgoingRecord| {
+        letter.key.as_ref().map_or(0, Vec::len)
+            + letter.payload.len()
+            + letter.headers.iter().map(|(name, value)| name.len() + value.len()).sum::<usize>()
+    };
+    let total = size(&letter);
+    if total > DEAD_LETTER_MAX_BYTES {
+        let original = letter.payload.len();
+        letter
+            .headers
+            .push((contracts::headers::PAYLOAD_CUT_FROM.into(), encode_long(original as i64).to_vec()));
+        let over = size(&letter) - DEAD_LETTER_MAX_BYTES;
+        letter.payload.truncate(original.saturating_sub(over));
+        tracing::warn!(
+            topic = record.topic(),
+            partition = record.partition(),
+            offset = record.offset(),
+            bytes = total,
+            kept = letter.payload.len(),
+            "dead letter over {DEAD_LETTER_MAX_BYTES} bytes: its payload is cut (the whole record stays at its original offset)"
+        );
+    }
+    letter
+}
+
+fn whole_dead_letter(record: &OwnedMessage, group: &str, failure: &Failure) -> OutgoingRecord {
     let mut headers: Vec<(String, Vec<u8>)> = Vec::new();
     if let Some(original) = record.headers() {
         for header in original.iter() {
@@ -98,8 +137,17 @@ pub(crate) fn push_exception(headers: &mut Vec<(String, Vec<u8>)>, failure: &Fai
     let [fqcn, cause, message, stacktrace] = *names;
     headers.push((fqcn.into(), failure.exception_fqcn.as_bytes().to_vec()));
     headers.push((cause.into(), failure.cause_fqcn.as_bytes().to_vec()));
-    headers.push((message.into(), failure.message.as_bytes().to_vec()));
-    headers.push((stacktrace.into(), failure.stacktrace.as_bytes().to_vec()));
+    headers.push((message.into(), bounded(&failure.message)));
+    headers.push((stacktrace.into(), bounded(&failure.stacktrace)));
+}
+
+/// `text` within [`EXCEPTION_TEXT_MAX_BYTES`], cut at a character boundary.
+fn bounded(text: &str) -> Vec<u8> {
+    let mut end = text.len().min(EXCEPTION_TEXT_MAX_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.as_bytes()[..end].to_vec()
 }
 
 /// The record's timestamp (epoch ms, -1 when it has none) and its type, as Spring writes them
@@ -181,6 +229,38 @@ mod tests {
 
     fn value<'a>(record: &'a OutgoingRecord, name: &str) -> &'a [u8] {
         record.header_value(name).unwrap_or_else(|| panic!("header {name} missing"))
+    }
+
+    /// A record near the broker's limit plus its dead-letter headers could never be written:
+    /// its letter keeps a prefix of the payload within the bound, says how large the payload
+    /// was, and keeps where the whole record is. A small one is untouched.
+    #[test]
+    fn a_dead_letter_over_the_record_limit_keeps_a_cut_payload_and_says_so() {
+        let big = OwnedMessage::new(
+            Some(vec![b'x'; 1_000_000]),
+            Some(b"CC-001".to_vec()),
+            "transferencias.solicitada".into(),
+            Timestamp::CreateTime(1),
+            3,
+            77,
+            None,
+        );
+        let huge_failure = Failure { stacktrace: "y".repeat(2_000_000), ..failure() };
+        let letter = dead_letter(&big, "antifraude", &huge_failure);
+        let size = letter.key.as_ref().map_or(0, Vec::len)
+            + letter.payload.len()
+            + letter.headers.iter().map(|(name, value)| name.len() + value.len()).sum::<usize>();
+        assert!(size <= DEAD_LETTER_MAX_BYTES, "{size} bytes");
+        assert!(letter.payload.len() > 800_000 && letter.payload.iter().all(|byte| *byte == b'x'));
+        assert_eq!(decode_long(value(&letter, contracts::headers::PAYLOAD_CUT_FROM)).ok(), Some(1_000_000));
+        assert_eq!(value(&letter, dlt::ORIGINAL_TOPIC), b"transferencias.solicitada");
+        assert_eq!(decode_int(value(&letter, dlt::ORIGINAL_PARTITION)).ok(), Some(3));
+        assert_eq!(decode_long(value(&letter, dlt::ORIGINAL_OFFSET)).ok(), Some(77));
+        assert_eq!(value(&letter, dlt::EXCEPTION_STACKTRACE).len(), EXCEPTION_TEXT_MAX_BYTES);
+
+        let small = dead_letter(&source(OwnedHeaders::new()), "ledger", &failure());
+        assert_eq!(small.payload, vec![0xff, 0x00, b'{']);
+        assert!(small.header_value(contracts::headers::PAYLOAD_CUT_FROM).is_none());
     }
 
     #[test]

@@ -17,6 +17,10 @@ pub enum Refusal {
     /// The dead-letter topic's name does not end in `-dlt`: it has no source to go back to.
     #[error("{dlt_topic} is not a dead-letter topic (<source>-dlt): nowhere to replay to")]
     NoSource { dlt_topic: String },
+    /// Its payload was cut to fit the dead-letter topic: replaying it would publish a record
+    /// that is not the one that failed.
+    #[error("its payload was cut from {original_bytes} bytes to fit the dead-letter topic: re-drive the whole record from {origin}")]
+    PayloadCut { original_bytes: i64, origin: String },
     /// No original-topic header, and no `--to`.
     #[error("it names no original topic (no kafka_dlt-original-topic or kafka_original-topic header); give --to TOPIC")]
     NoOriginalTopic,
@@ -55,10 +59,47 @@ pub fn replay_destination(
     record: &OwnedMessage,
     to: Option<&str>,
 ) -> Result<String, Refusal> {
+    if let Some(original_bytes) = payload_cut_from(record) {
+        return Err(Refusal::PayloadCut { original_bytes, origin: original_position(record) });
+    }
     let destination = match to {
         Some(to) => to.to_owned(),
         None => original_topic(record).ok_or(Refusal::NoOriginalTopic)?,
     };
     check_destination(dlt_topic, &destination)?;
     Ok(destination)
+}
+
+/// The original payload's size, on a letter whose payload was cut.
+fn payload_cut_from(record: &OwnedMessage) -> Option<i64> {
+    use rdkafka::message::{Headers, Message};
+    let headers = record.headers()?;
+    let header = headers.iter().filter(|header| header.key == contracts::headers::PAYLOAD_CUT_FROM).last()?;
+    Some(contracts::headers::decode_long(header.value.unwrap_or_default()).unwrap_or(-1))
+}
+
+/// Where the whole record of a letter is: `topic/partition@offset` from its original headers.
+fn original_position(record: &OwnedMessage) -> String {
+    use rdkafka::message::{Headers, Message};
+    let last = |name: &str| {
+        record.headers().and_then(|headers| {
+            headers
+                .iter()
+                .filter(|header| header.key == name)
+                .last()
+                .and_then(|h| h.value.map(<[u8]>::to_vec))
+        })
+    };
+    let topic = last(contracts::headers::dlt::ORIGINAL_TOPIC)
+        .map(|value| String::from_utf8_lossy(&value).into_owned());
+    let partition = last(contracts::headers::dlt::ORIGINAL_PARTITION)
+        .and_then(|value| contracts::headers::decode_int(&value).ok());
+    let offset = last(contracts::headers::dlt::ORIGINAL_OFFSET)
+        .and_then(|value| contracts::headers::decode_long(&value).ok());
+    match (topic, partition, offset) {
+        (Some(topic), Some(partition), Some(offset)) => {
+            format!("{topic} partition {partition} offset {offset}")
+        }
+        _ => "its original topic (no original-position headers)".into(),
+    }
 }

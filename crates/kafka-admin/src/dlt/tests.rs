@@ -331,3 +331,21 @@ fn a_dead_letter_redriven_to_a_retry_topic_is_due_at_once() {
         Ok(now + 1000)
     );
 }
+
+/// A letter whose payload was cut to fit its topic is not the record that failed: replaying it
+/// would publish a truncated event. It is refused, naming where the whole record is.
+#[test]
+fn a_letter_with_a_cut_payload_is_refused_and_names_where_the_whole_record_is() {
+    let cut = letter(&[
+        (contracts::headers::dlt::ORIGINAL_TOPIC, SETTLED.as_bytes()),
+        (contracts::headers::dlt::ORIGINAL_PARTITION, &contracts::headers::encode_int(3)),
+        (contracts::headers::dlt::ORIGINAL_OFFSET, &contracts::headers::encode_long(77)),
+        (contracts::headers::PAYLOAD_CUT_FROM, &contracts::headers::encode_long(1_000_000)),
+    ]);
+    let refusal = replay_destination(SETTLED_DLT, &cut, None).expect_err("refused");
+    assert_eq!(
+        refusal,
+        Refusal::PayloadCut { original_bytes: 1_000_000, origin: format!("{SETTLED} partition 3 offset 77") }
+    );
+    assert!(replay_destination(SETTLED_DLT, &cut, Some(SETTLED)).is_err(), "--to does not bypass it");
+}

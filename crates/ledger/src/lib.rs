@@ -314,6 +314,8 @@ pub async fn start(settings: Settings, supervisor: &Supervisor) -> Result<Socket
         // the article settles one transfer per database transaction
         batch_records_max: if profile == Profile::Reference { 1 } else { args.ledger_batch_records as usize },
         batch_wait_max: Duration::from_millis(args.ledger_batch_wait_ms),
+        // a batch failed as a whole (the database away) waits as a retried record does
+        backoff: retry.backoff.clone(),
         record_retry: retry,
         dead_letters: Some(DeadLetterPublisher::new(producer, group)),
         ..LoopOptions::default()

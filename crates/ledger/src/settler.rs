@@ -18,7 +18,11 @@
 //!   the batch, the process exits non-zero, nothing is dead-lettered;
 //! - PostgreSQL unreachable is nobody's fault: the handler returns the error, the consumer
 //!   loop waits and retries the whole batch (already settled records are no-ops), readiness
-//!   reports the database down, and nothing is dead-lettered.
+//!   reports the database down, and nothing is dead-lettered;
+//! - but an "infrastructure" failure (a statement cancelled, an internal error, an error with
+//!   no SQLSTATE) that one record meets [`INFRASTRUCTURE_FAILURES_MAX`] times in a row, each
+//!   time while the database answers another statement, is that record's: it is
+//!   dead-lettered with its cause ([`FailsAlone`]) instead of blocking its partition for ever.
 //!
 //! Dead letters (`DeadLetter` verdicts) are published by the runtime, after the database work
 //! they follow has committed.
@@ -44,6 +48,24 @@ pub const MALFORMED_EVENT: &str = "ledger::settler::MalformedEvent";
 pub const RETRIES_EXHAUSTED: &str = "ledger::settler::RetriesExhausted";
 /// `kafka_dlt-exception-fqcn` of a record that can never be applied: [`Unprocessable`].
 pub const UNPROCESSABLE: &str = "ledger::settler::Unprocessable";
+
+/// `kafka_dlt-exception-fqcn` of a record that kept failing alone: [`FailsAlone`].
+pub const FAILS_ALONE: &str = "ledger::settler::FailsAlone";
+
+/// Attempts in a row at one record that fail as if the database were away while it answers
+/// other statements, before the record is taken as the cause and dead-lettered. With the
+/// runtime's back-off (500 ms doubling up to 15 s) that is about a minute and a half.
+pub const INFRASTRUCTURE_FAILURES_MAX: u32 = 10;
+
+/// A record that failed as if the database were away, [`INFRASTRUCTURE_FAILURES_MAX`] times in
+/// a row, each time while the database answered another statement: its dead letter's exception.
+#[derive(Debug, thiserror::Error)]
+#[error("failed {attempts} times in a row while the database answered other statements")]
+pub struct FailsAlone {
+    pub attempts: u32,
+    #[source]
+    pub source: StoreError,
+}
 
 /// A record that failed transiently until its retries ran out: its dead letter's exception.
 #[derive(Debug, thiserror::Error)]
@@ -74,13 +96,22 @@ pub struct Settler {
     pool: PgPool,
     topics: OutcomeTopics,
     relay: outbox::Waker,
+    /// The record whose settlement last failed as if the database were away while it answered
+    /// a probe, and how many times in a row.
+    suspect: Option<(uuid::Uuid, u32)>,
 }
 
 impl Settler {
     /// A settler writing outcome events for `topics`, waking `relay` after each commit that
     /// wrote some.
     pub fn new(pool: PgPool, topics: OutcomeTopics, relay: outbox::Waker) -> Self {
-        Self { pool, topics, relay }
+        Self { pool, topics, relay, suspect: None }
+    }
+
+    /// Whether the database answers a statement now (within 5 s).
+    async fn database_answers(&self) -> bool {
+        let probe = sqlx::query("SELECT 1").execute(&self.pool);
+        matches!(tokio::time::timeout(Duration::from_secs(5), probe).await, Ok(Ok(_)))
     }
 
     /// Settles `requests` (each with its index in the batch) one record per transaction, in
@@ -88,16 +119,43 @@ impl Settler {
     /// runtime retries that record after its backoff, then hands the rest again). Errs when
     /// the database is unreachable or lacks its schema.
     async fn settle_one_by_one(
-        &self,
+        &mut self,
         requests: &[(usize, Request)],
         verdicts: &mut [Option<Verdict>],
     ) -> Result<(), StoreError> {
         for (index, request) in requests {
+            let id = request.transfer.transfer_id;
             match self.settle(std::slice::from_ref(request)).await {
-                Ok(()) => verdicts[*index] = Some(Verdict::Done),
+                Ok(()) => {
+                    if self.suspect.is_some_and(|(suspect, _)| suspect == id) {
+                        self.suspect = None;
+                    }
+                    verdicts[*index] = Some(Verdict::Done)
+                }
                 Err(error) if error.is_schema_missing() => return Err(error),
                 Err(error) => match error.kind() {
-                    FailureKind::Infrastructure => return Err(error),
+                    FailureKind::Infrastructure => {
+                        if !self.database_answers().await {
+                            return Err(error); // away: nobody's fault
+                        }
+                        let attempts = match self.suspect {
+                            Some((suspect, attempts)) if suspect == id => attempts + 1,
+                            _ => 1,
+                        };
+                        if attempts < INFRASTRUCTURE_FAILURES_MAX {
+                            self.suspect = Some((id, attempts));
+                            tracing::warn!(transfer_id = %id, attempts, error = %telemetry::error_chain(&error), "the record failed as if the database were away, while it answers other statements");
+                            return Err(error);
+                        }
+                        self.suspect = None;
+                        tracing::error!(transfer_id = %id, attempts, error = %telemetry::error_chain(&error), "the record keeps failing while the database answers: dead-lettered");
+                        let cause = cause_fqcn(&error);
+                        verdicts[*index] = Some(Verdict::DeadLetter(Failure::new(
+                            FAILS_ALONE,
+                            cause,
+                            &FailsAlone { attempts, source: error },
+                        )));
+                    }
                     FailureKind::Permanent => {
                         let cause = cause_fqcn(&error);
                         verdicts[*index] = Some(Verdict::DeadLetter(Failure::new(
@@ -234,8 +292,11 @@ impl Handler for Settler {
                 let all: Vec<Request> = requests.iter().map(|(_, request)| request.clone()).collect();
                 match self.settle(&all).await {
                     Ok(()) => true,
+                    Err(error) if error.is_schema_missing() => return Err(error.into()),
+                    // the database away: nobody's fault. Answering, it may be one record's:
+                    // settled one by one, that record is found
                     Err(error)
-                        if error.kind() == FailureKind::Infrastructure || error.is_schema_missing() =>
+                        if error.kind() == FailureKind::Infrastructure && !self.database_answers().await =>
                     {
                         return Err(error.into())
                     }
@@ -279,6 +340,7 @@ mod tests {
         assert_eq!(MALFORMED_EVENT, type_name::<MalformedEvent>());
         assert_eq!(RETRIES_EXHAUSTED, type_name::<RetriesExhausted>());
         assert_eq!(UNPROCESSABLE, type_name::<Unprocessable>());
+        assert_eq!(FAILS_ALONE, type_name::<FailsAlone>());
         let same = MalformedEvent::SameAccount(AccountId::parse("CC-1").expect("an id"));
         assert_eq!(same.cause_fqcn(), MALFORMED_EVENT, "no underlying cause: itself");
         let json = serde_json::from_str::<TransferAnalysed>("{").expect_err("not JSON");

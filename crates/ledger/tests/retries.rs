@@ -113,6 +113,38 @@ async fn a_transfer_whose_retries_run_out_is_dead_lettered_and_the_rest_goes_on(
     ledger.stop().await;
 }
 
+/// A record that fails as if the database were away (SQLSTATE XX000, an internal error),
+/// every time, while the database answers every other statement, is that record's fault: after
+/// `INFRASTRUCTURE_FAILURES_MAX` attempts in a row it is dead-lettered with its cause, and the
+/// records behind it on its partition are settled (before, it blocked them for ever).
+#[tokio::test]
+async fn a_record_failing_alone_as_if_the_database_were_away_is_dead_lettered_in_the_end() {
+    let ledger = spawn_ledger().await; // 10 ms doubling up to 100 ms
+    ledger.create_account("CC-A", "BRL", 1_000).await;
+    ledger.create_account("CC-B", "BRL", 0).await;
+    let dead_letters = ledger.reader(&topics::dead_letter_topic(topics::ANALYSED));
+    let cursed = Uuid::new_v4();
+    inject_failure(&ledger, cursed, i64::MAX, "XX000", "injected internal error").await;
+    let after = Uuid::new_v4();
+    ledger.publish_transfer(cursed, "CC-A", "CC-B", 300, "BRL").await;
+    ledger.publish_transfer(after, "CC-A", "CC-B", 200, "BRL").await;
+
+    let letter = receive(&dead_letters, 1).await.remove(0);
+    assert_eq!(common::payload(&letter)["transferenciaId"], cursed.to_string());
+    assert_eq!(header(&letter, dlt::EXCEPTION_FQCN).as_deref(), Some(ledger::settler::FAILS_ALONE));
+    let message = header(&letter, dlt::EXCEPTION_MESSAGE).expect("message");
+    assert!(
+        message.contains("injected internal error") && message.contains("10 times in a row"),
+        "{message}"
+    );
+    assert_eq!(ledger.decided(after).await.0, "LIQUIDADA");
+    assert_eq!(entry_counts(ledger.pool(), cursed).await, (0, 0));
+    // each attempt: the batch, then the record alone; until the bound
+    assert_eq!(failures_so_far(&ledger).await, 2 * i64::from(ledger::settler::INFRASTRUCTURE_FAILURES_MAX));
+    ledger.assert_books_balance().await;
+    ledger.stop().await;
+}
+
 #[tokio::test]
 async fn a_transfer_that_can_never_be_applied_is_dead_lettered_at_once() {
     let ledger = spawn_ledger().await;

@@ -268,3 +268,162 @@ async fn outputs_land_on_the_partition_javas_partitioner_gives_their_key() {
         );
     }
 }
+
+/// How a record reaches the input in [`write`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Write {
+    /// An ordinary (idempotent) produce, as the outbox relay writes.
+    Plain,
+    /// Alone in a Kafka transaction that commits: a commit marker follows it.
+    Committed,
+    /// Alone in a Kafka transaction that aborts: unreadable under `read_committed`, and an abort
+    /// marker follows it.
+    Aborted,
+}
+
+/// Writes `records` (partition, kind, transfer) to `topic` in order, each on the partition
+/// given, keyed `CC-<partition>`, as a Spring producer with a `transaction-id-prefix` writes
+/// (every record in a transaction) or as the relay does.
+async fn write(topics: &TestTopics, topic: &str, records: Vec<(i32, Write, Uuid)>) {
+    use kafka::rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
+    let plain: BaseProducer =
+        producer_config(&topics.args, "upstream", Duration::ZERO).create().expect("plain producer");
+    let transactional: BaseProducer = kafka::config::transactional_producer_config(
+        &topics.args,
+        "upstream",
+        &unique("upstream"),
+        Duration::ZERO,
+    )
+    .create()
+    .expect("transactional producer");
+    let topic = topic.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let timeout = Duration::from_secs(30);
+        transactional.init_transactions(timeout).expect("init transactions");
+        for (partition, kind, transfer) in records {
+            let key = format!("CC-{partition:03}");
+            let payload = testkit::transfer_requested(transfer, &key, Cents::new(1_000)).to_string();
+            let record = BaseRecord::<str, str>::to(&topic).partition(partition).key(&key).payload(&payload);
+            match kind {
+                Write::Plain => {
+                    plain.send(record).map_err(|(error, _)| error).expect("send");
+                    plain.flush(timeout).expect("flush");
+                }
+                Write::Committed | Write::Aborted => {
+                    transactional.begin_transaction().expect("begin");
+                    transactional.send(record).map_err(|(error, _)| error).expect("send");
+                    // on the broker before the transaction ends, so an aborted record takes its offset
+                    transactional.flush(timeout).expect("flush");
+                    if kind == Write::Committed {
+                        transactional.commit_transaction(timeout).expect("commit");
+                    } else {
+                        transactional.abort_transaction(timeout).expect("abort");
+                    }
+                }
+            }
+        }
+    })
+    .await
+    .expect("writer");
+}
+
+/// The transfers analysed, in the order read, until `last` of every listed partition's key is
+/// among them (a record behind one that was passed over would come after it: its key's
+/// outputs share one partition, in input order).
+async fn analysed_until(reader: &KafkaConsumer, last: &[Uuid]) -> Vec<Uuid> {
+    let mut seen = Vec::new();
+    tokio::time::timeout(testkit::PATIENCE, async {
+        while !last.iter().all(|id| seen.contains(id)) {
+            let record = reader.recv().await.expect("receive").detach();
+            let id = body(&record)["transferenciaId"].as_str().expect("id").parse().expect("uuid");
+            seen.push(id);
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!("only {} analysed within {:?}, waiting for {last:?}: {seen:?}", seen.len(), testkit::PATIENCE)
+    });
+    seen
+}
+
+/// Offsets with no readable record are the log's, not gaps: a transactional writer upstream
+/// (the article's Spring services with a `transaction-id-prefix` put a marker after every
+/// transaction), an aborted transaction, and records deleted by `DeleteRecords` before
+/// antifraude read them. antifraude analyses every readable record past them, at once, and
+/// the aborted ones never. (The loop of #44 took the first marker for a gap and rewound for
+/// ever: 0 of 12 records past one analysed in 90 s, issue #54.)
+#[tokio::test]
+async fn transaction_markers_aborted_and_deleted_records_upstream_stop_nothing() {
+    use kafka::rdkafka::admin::{AdminClient, AdminOptions};
+    use kafka::rdkafka::client::DefaultClientContext;
+    testkit::init_logs();
+    let topics = TestTopics::plan(2).await;
+    let input = topics.topic(topics::REQUESTED);
+    let reader = reader(&topics, &[topics::ANALYSED]);
+    let round = |kinds: &[Write]| -> Vec<(i32, Write, Uuid)> {
+        (0..2)
+            .flat_map(|partition| kinds.iter().map(move |kind| (partition, *kind, Uuid::new_v4())))
+            .collect()
+    };
+    let last = |records: &[(i32, Write, Uuid)]| -> Vec<Uuid> {
+        (0..2)
+            .filter_map(|partition| records.iter().rev().find(|(p, _, _)| *p == partition).map(|r| r.2))
+            .collect()
+    };
+
+    // before antifraude starts, and again while it runs: committed and aborted transactions
+    // between ordinary records; the group's first commit lands right before a marker
+    let first = round(&[Write::Plain, Write::Committed, Write::Aborted, Write::Committed, Write::Plain]);
+    write(&topics, &input, first.clone()).await;
+    let running = start(&topics, "a").await;
+    let mut seen = analysed_until(&reader, &last(&first)).await;
+    let second = round(&[Write::Committed, Write::Committed, Write::Aborted, Write::Plain]);
+    write(&topics, &input, second.clone()).await;
+    seen.extend(analysed_until(&reader, &last(&second)).await);
+    running.stop().await;
+
+    // while it is stopped: records deleted before it read them, then more records
+    let deleted = round(&[Write::Plain, Write::Committed]);
+    write(&topics, &input, deleted.clone()).await;
+    let admin: AdminClient<DefaultClientContext> =
+        kafka::config::admin_config(&topics.args, "test").create().expect("admin");
+    let ends = kafka::metadata::offsets_at(
+        &*reader,
+        &[(input.clone(), 0), (input.clone(), 1)],
+        kafka::metadata::End::Last,
+        Duration::from_secs(10),
+    )
+    .expect("ends");
+    let mut before = kafka::rdkafka::TopicPartitionList::new();
+    for partition in 0..2 {
+        before
+            .add_partition_offset(
+                &input,
+                partition,
+                kafka::rdkafka::Offset::Offset(ends[&(input.clone(), partition)]),
+            )
+            .expect("offset");
+    }
+    admin.delete_records(&before, &AdminOptions::new()).await.expect("delete records");
+    let third = round(&[Write::Plain, Write::Committed, Write::Plain]);
+    write(&topics, &input, third.clone()).await;
+    let running = start(&topics, "a").await;
+    seen.extend(analysed_until(&reader, &last(&third)).await);
+    running.stop().await;
+
+    let readable = |records: &[(i32, Write, Uuid)]| -> Vec<Uuid> {
+        records.iter().filter(|(_, kind, _)| *kind != Write::Aborted).map(|r| r.2).collect()
+    };
+    let expected: Vec<Uuid> = [readable(&first), readable(&second), readable(&third)].concat();
+    let aborted: Vec<Uuid> = [&first, &second, &third]
+        .iter()
+        .flat_map(|records| records.iter().filter(|(_, kind, _)| *kind == Write::Aborted).map(|r| r.2))
+        .collect();
+    let missing: Vec<&Uuid> = expected.iter().filter(|id| !seen.contains(id)).collect();
+    assert!(missing.is_empty(), "readable records never analysed: {missing:?}");
+    let wrongly: Vec<&Uuid> = seen.iter().filter(|id| aborted.contains(id)).collect();
+    assert!(wrongly.is_empty(), "aborted records analysed: {wrongly:?}");
+    let gone: Vec<&Uuid> =
+        seen.iter().filter(|id| deleted.iter().any(|(_, _, deleted)| deleted == *id)).collect();
+    assert!(gone.is_empty(), "deleted records analysed: {gone:?}");
+}

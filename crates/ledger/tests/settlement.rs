@@ -298,3 +298,76 @@ async fn metrics_show_settlement_latency_outcomes_outbox_and_lag() {
     }
     ledger.stop().await;
 }
+
+/// Writes `events` (transfer, commit?) to the ledger's input, each alone in a Kafka
+/// transaction that commits or aborts, as the article's Java antifraude writes (a marker after
+/// every transaction; an aborted record unreadable under `read_committed`).
+async fn write_in_transactions(ledger: &common::TestLedger, events: Vec<(Uuid, bool)>) {
+    use kafka::rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
+    let producer: BaseProducer = kafka::config::transactional_producer_config(
+        &ledger.topics.args,
+        "upstream",
+        &testkit::unique("upstream"),
+        std::time::Duration::ZERO,
+    )
+    .create()
+    .expect("transactional producer");
+    let topic = ledger.topics.topic(topics::ANALYSED);
+    tokio::task::spawn_blocking(move || {
+        let timeout = std::time::Duration::from_secs(30);
+        producer.init_transactions(timeout).expect("init transactions");
+        for (transfer, commit) in events {
+            let event = analysed(transfer, "CC-A", "CC-B", 100, "BRL").to_string();
+            producer.begin_transaction().expect("begin");
+            producer
+                .send(BaseRecord::<str, str>::to(&topic).key("CC-A").payload(&event))
+                .map_err(|(error, _)| error)
+                .expect("send");
+            // on the broker before the transaction ends, so an aborted record takes its offset
+            producer.flush(timeout).expect("flush");
+            if commit {
+                producer.commit_transaction(timeout).expect("commit");
+            } else {
+                producer.abort_transaction(timeout).expect("abort");
+            }
+        }
+    })
+    .await
+    .expect("writer");
+}
+
+/// Transaction markers and aborted records in the ledger's input (what a transactional
+/// antifraude, Java or ours, leaves there) are not records: every committed transfer is
+/// settled once, every aborted one never (proved by a plain transfer written after them, on
+/// the same partition, being settled), and the group's lag reaches 0 past the last marker.
+#[tokio::test]
+async fn transactions_committed_and_aborted_upstream_settle_the_committed_ones_only() {
+    let ledger = spawn_ledger().await;
+    ledger.create_account("CC-A", "BRL", 1_000).await;
+    ledger.create_account("CC-B", "BRL", 0).await;
+    let events: Vec<(Uuid, bool)> = [true, true, false, true, false, false, true]
+        .into_iter()
+        .map(|commit| (Uuid::new_v4(), commit))
+        .collect();
+    write_in_transactions(&ledger, events.clone()).await;
+    let marker = Uuid::new_v4();
+    ledger.publish_transfer(marker, "CC-A", "CC-B", 100, "BRL").await;
+
+    assert_eq!(ledger.decided(marker).await.0, "LIQUIDADA");
+    for (transfer, commit) in &events {
+        if *commit {
+            assert_eq!(ledger.decided(*transfer).await.0, "LIQUIDADA");
+            assert_eq!(entry_counts(ledger.pool(), *transfer).await, (1, 1));
+        } else {
+            assert_eq!(
+                ledger::store::outcome(ledger.pool(), *transfer).await.expect("outcome"),
+                None,
+                "aborted"
+            );
+        }
+    }
+    assert_eq!((ledger.balance("CC-A").await, ledger.balance("CC-B").await), (500, 500));
+    ledger.caught_up().await;
+    ledger.assert_books_balance().await;
+    ledger.stop().await;
+}

@@ -20,8 +20,13 @@
 //!   authentication: the local stack only) stays until the broker restarts;
 //! - this process's CPU per record (load generator included: the same in every case).
 //!
-//! One JSON line per case, then a summary table: per client and rate the median over rounds,
-//! and the ratio confluent / librdkafka.
+//! `--orders offsets-first,records-first` also runs each client with the transaction's requests
+//! in the order the loop had before #54 (records, then offsets: a wrapper of the seam defers the
+//! offsets the loop sends first until after its records), interleaved the same way, so the two
+//! orders are compared in one run with one binary.
+//!
+//! One JSON line per case, then a summary table: per client, order and rate the median over
+//! rounds, and the ratios confluent / librdkafka and offsets-first / records-first.
 
 mod common;
 
@@ -71,6 +76,13 @@ struct Args {
     /// fast profile, `Profile::transaction_linger` / `confluent_transaction_linger`).
     #[arg(long)]
     linger_ms: Option<u64>,
+    /// Clients to run.
+    #[arg(long, value_delimiter = ',', default_value = "librdkafka,confluent")]
+    clients: Vec<String>,
+    /// Orders of the transaction's requests: `offsets-first` (the loop's) and/or
+    /// `records-first` (the order before #54).
+    #[arg(long, value_delimiter = ',', default_value = "offsets-first")]
+    orders: Vec<String>,
     /// The broker's JMX port (its management agent is started there if not running).
     #[arg(long, default_value_t = 9999)]
     jmx_port: u16,
@@ -107,11 +119,14 @@ impl Transform for Timed {
     }
 }
 
-/// A client that times its transactional calls while `recording` (the steps of `took`).
+/// A client that times its transactional calls while `recording` (the steps of `took`); with
+/// `records_first`, it holds the offsets the loop sends first and sends them after the records.
 struct Stepped<C> {
     inner: C,
     recording: Arc<AtomicBool>,
     steps: Arc<Mutex<BTreeMap<&'static str, Vec<f64>>>>,
+    records_first: bool,
+    deferred: Option<Vec<(Partition, i64)>>,
 }
 
 /// Awaits `call`, recording how long it took under `step` while `recording`.
@@ -141,12 +156,23 @@ impl<C: Client> Client for Stepped<C> {
         self.inner.rebalances()
     }
     async fn begin(&mut self) -> Result<(), TxnError> {
+        self.deferred = None;
         timed(&self.recording, &self.steps, "begin", self.inner.begin()).await
     }
     async fn send(&mut self, records: &[OutgoingRecord]) -> Result<(), TxnError> {
-        timed(&self.recording, &self.steps, "send", self.inner.send(records)).await
+        timed(&self.recording, &self.steps, "send", self.inner.send(records)).await?;
+        match self.deferred.take() {
+            Some(next) => {
+                timed(&self.recording, &self.steps, "send_offsets", self.inner.send_offsets(&next)).await
+            }
+            None => Ok(()),
+        }
     }
     async fn send_offsets(&mut self, next: &[(Partition, i64)]) -> Result<(), TxnError> {
+        if self.records_first {
+            self.deferred = Some(next.to_vec());
+            return Ok(());
+        }
         timed(&self.recording, &self.steps, "send_offsets", self.inner.send_offsets(next)).await
     }
     async fn commit(&mut self) -> Result<(), TxnError> {
@@ -252,6 +278,7 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 #[derive(Debug, Clone)]
 struct Case {
     client: TransactionalClient,
+    records_first: bool,
     rate: u64,
     p50_ms: f64,
     p99_ms: f64,
@@ -264,7 +291,13 @@ struct Case {
 
 // Over 100 lines on purpose: one measured case: the timing decorator, the broker's request counts
 // and the CPU sample must bracket exactly the same span.
-async fn run_case(args: &Args, client: TransactionalClient, rate: u64, round: usize) -> anyhow::Result<Case> {
+async fn run_case(
+    args: &Args,
+    client: TransactionalClient,
+    records_first: bool,
+    rate: u64,
+    round: usize,
+) -> anyhow::Result<Case> {
     let topics = TestTopics::plan(12).await;
     let input = topics.topic(topics::REQUESTED);
     let group = unique("client-bench");
@@ -304,14 +337,16 @@ async fn run_case(args: &Args, client: TransactionalClient, rate: u64, round: us
                         consumer,
                         transactional_producer_config(&topics, "antifraude", &transactional_id, linger),
                     );
-                    let mut client = Stepped { inner: client, recording, steps };
+                    let mut client =
+                        Stepped { inner: client, recording, steps, records_first, deferred: None };
                     kafka::exactly_once::run(&mut client, timed.as_ref(), &options, &shutdown).await?;
                 }
                 TransactionalClient::Confluent => {
                     let config =
                         ConfluentConfig::new(&topics, "antifraude", &group, &transactional_id, linger)?;
                     let client = ConfluentClient::subscribe(&config, &[&input]).await?;
-                    let mut client = Stepped { inner: client, recording, steps };
+                    let mut client =
+                        Stepped { inner: client, recording, steps, records_first, deferred: None };
                     let ran =
                         kafka::exactly_once::run(&mut client, timed.as_ref(), &options, &shutdown).await;
                     client.inner.close().await;
@@ -396,6 +431,7 @@ async fn run_case(args: &Args, client: TransactionalClient, rate: u64, round: us
         .collect();
     let case = Case {
         client,
+        records_first,
         rate,
         p50_ms: quantile(&took, 0.5),
         p99_ms: quantile(&took, 0.99),
@@ -407,7 +443,8 @@ async fn run_case(args: &Args, client: TransactionalClient, rate: u64, round: us
     println!(
         "{}",
         json!({
-            "round": round, "client": format!("{client:?}").to_lowercase(), "rate_per_s": rate,
+            "round": round, "client": format!("{client:?}").to_lowercase(),
+            "order": if records_first { "records-first" } else { "offsets-first" }, "rate_per_s": rate,
             "transactions": took.len(), "records": measured,
             "transaction_ms": {"p50": case.p50_ms, "p99": case.p99_ms, "mean": case.mean_ms},
             "cpu_ms_per_record": case.cpu_ms_per_record,
@@ -428,32 +465,64 @@ fn median(mut values: Vec<f64>) -> f64 {
     }
 }
 
+fn client_named(name: &str) -> anyhow::Result<TransactionalClient> {
+    match name {
+        "librdkafka" => Ok(TransactionalClient::Librdkafka),
+        "confluent" => Ok(TransactionalClient::Confluent),
+        other => bail!("--clients: {other} is not librdkafka or confluent"),
+    }
+}
+
+fn order_named(name: &str) -> anyhow::Result<bool> {
+    match name {
+        "offsets-first" => Ok(false),
+        "records-first" => Ok(true),
+        other => bail!("--orders: {other} is not offsets-first or records-first"),
+    }
+}
+
+fn order_name(records_first: bool) -> &'static str {
+    if records_first {
+        "records-first"
+    } else {
+        "offsets-first"
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let clients = args.clients.iter().map(|name| client_named(name)).collect::<anyhow::Result<Vec<_>>>()?;
+    let orders = args.orders.iter().map(|name| order_named(name)).collect::<anyhow::Result<Vec<_>>>()?;
     jmx_ready(&args)?;
+    let variants: Vec<(TransactionalClient, bool)> =
+        clients.iter().flat_map(|client| orders.iter().map(move |order| (*client, *order))).collect();
     let mut cases = Vec::new();
     for round in 0..args.rounds {
-        let order = if round % 2 == 0 {
-            [TransactionalClient::Librdkafka, TransactionalClient::Confluent]
-        } else {
-            [TransactionalClient::Confluent, TransactionalClient::Librdkafka]
-        };
-        for client in order {
+        // the order of the variants flipped every round
+        let mut this_round = variants.clone();
+        if round % 2 == 1 {
+            this_round.reverse();
+        }
+        for (client, records_first) in this_round {
             for &rate in &args.rates {
-                cases.push(run_case(&args, client, rate, round).await?);
+                cases.push(run_case(&args, client, records_first, rate, round).await?);
             }
         }
     }
     println!(
-        "\n| rate | client | txn p50 ms | txn p99 ms | txn mean ms | CPU ms/record | p50 ms of begin, send, send_offsets, commit | requests/txn (round 0) |"
+        "\n| rate | client | order | txn p50 ms | txn p99 ms | txn mean ms | CPU ms/record | p50 ms of begin, send, send_offsets, commit | requests/txn (round 0) |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for &rate in &args.rates {
-        let mut medians = Vec::new();
-        for client in [TransactionalClient::Librdkafka, TransactionalClient::Confluent] {
-            let of: Vec<&Case> =
-                cases.iter().filter(|case| case.client == client && case.rate == rate).collect();
+        let mut medians: BTreeMap<(String, bool), [f64; 4]> = BTreeMap::new();
+        for &(client, records_first) in &variants {
+            let of: Vec<&Case> = cases
+                .iter()
+                .filter(|case| {
+                    case.client == client && case.records_first == records_first && case.rate == rate
+                })
+                .collect();
             let pick = |f: fn(&Case) -> f64| median(of.iter().map(|case| f(case)).collect());
             let row =
                 [pick(|c| c.p50_ms), pick(|c| c.p99_ms), pick(|c| c.mean_ms), pick(|c| c.cpu_ms_per_record)];
@@ -477,7 +546,8 @@ async fn main() -> anyhow::Result<()> {
                 median(of.iter().map(|case| case.step_p50_ms.get(name).copied().unwrap_or(0.0)).collect())
             };
             println!(
-                "| {rate}/s | {client:?} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2}, {:.2}, {:.2}, {:.2} | {} |",
+                "| {rate}/s | {client:?} | {} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2}, {:.2}, {:.2}, {:.2} | {} |",
+                order_name(records_first),
                 row[0],
                 row[1],
                 row[2],
@@ -488,15 +558,33 @@ async fn main() -> anyhow::Result<()> {
                 step("commit"),
                 transactional.join(", ")
             );
-            medians.push(row);
+            medians.insert((format!("{client:?}"), records_first), row);
         }
-        println!(
-            "| {rate}/s | confluent / librdkafka | {:.2} | {:.2} | {:.2} | {:.2} | | |",
-            medians[1][0] / medians[0][0],
-            medians[1][1] / medians[0][1],
-            medians[1][2] / medians[0][2],
-            medians[1][3] / medians[0][3]
-        );
+        let ratio = |label: String, over: Option<&[f64; 4]>, under: Option<&[f64; 4]>| {
+            if let (Some(over), Some(under)) = (over, under) {
+                println!(
+                    "| {rate}/s | {label} | | {:.2} | {:.2} | {:.2} | {:.2} | | |",
+                    over[0] / under[0],
+                    over[1] / under[1],
+                    over[2] / under[2],
+                    over[3] / under[3]
+                );
+            }
+        };
+        for &records_first in &orders {
+            ratio(
+                format!("confluent / librdkafka ({})", order_name(records_first)),
+                medians.get(&("Confluent".into(), records_first)),
+                medians.get(&("Librdkafka".into(), records_first)),
+            );
+        }
+        for client in ["Librdkafka", "Confluent"] {
+            ratio(
+                format!("{client}: offsets-first / records-first"),
+                medians.get(&(client.to_owned(), false)),
+                medians.get(&(client.to_owned(), true)),
+            );
+        }
     }
     Ok(())
 }

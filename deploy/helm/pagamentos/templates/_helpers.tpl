@@ -136,12 +136,6 @@ seccompProfile:
     secretName: {{ include "pagamentos.kafkaCaSecret" $root }}
     items: [{key: {{ $root.Values.kafka.caSecret.key }}, path: ca.crt}]
 {{- end }}
-{{- if and .keys $root.Values.operatorPublicKeys.existingSecret }}
-- name: operator-keys
-  secret:
-    secretName: {{ $root.Values.operatorPublicKeys.existingSecret }}
-    items: [{key: {{ $root.Values.operatorPublicKeys.key }}, path: operators.pem}]
-{{- end }}
 {{- end -}}
 
 {{- define "pagamentos.volumeMounts" -}}
@@ -152,8 +146,5 @@ seccompProfile:
 {{- end }}
 {{- if and .kafka (or (eq $root.Values.kafka.securityProtocol "sasl_ssl") (eq $root.Values.kafka.securityProtocol "ssl")) }}
 - {name: kafka-ca, mountPath: /etc/pagamentos/kafka-ca, readOnly: true}
-{{- end }}
-{{- if and .keys $root.Values.operatorPublicKeys.existingSecret }}
-- {name: operator-keys, mountPath: /etc/pagamentos/operator-keys, readOnly: true}
 {{- end }}
 {{- end -}}

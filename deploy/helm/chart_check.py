@@ -13,7 +13,8 @@ which brings PyYAML).
       values' partitions, replication and min.insync.replicas; KafkaUsers' ACLs = the lines of
       `scripts/stack secure acl-plan`, binding for binding; no service user may create topics
       and the broker creates none by itself; the CloudNativePG managed roles and Databases =
-      the roles the local stack's PostgreSQL has (ROLES.txt: name|login|groups, from psql)
+      the roles the local stack's PostgreSQL has (ROLES.txt: name|login|groups, from psql);
+      no Secret object and no literal value for a variable named *TOKEN*, *PASSWORD* or *SECRET*
 """
 import json
 import os
@@ -187,6 +188,19 @@ def agree(rendered, values_path, plan_path, acl_plan_path, roles_path):
     owners = {d["spec"]["name"]: d["spec"]["owner"] for d in by_kind.get("Database", [])}
     if by_kind.get("Cluster") and owners != {"transferencias": "transferencias", "ledger": "ledger"}:
         failures.append(f"CloudNativePG Databases {owners}: expected transferencias and ledger, each owned by its role")
+
+    # secrets only by reference: no Secret object, no literal value for a secret variable
+    for doc in docs:
+        if doc["kind"] == "Secret":
+            failures.append(f"Secret {doc['metadata']['name']} rendered: the chart only names Secrets (existingSecret)")
+        pod = (doc.get("spec", {}).get("template") or {}).get("spec") or {}
+        for container in pod.get("containers", []):
+            for env in container.get("env", []):
+                secret_like = any(word in env["name"] for word in ("TOKEN", "PASSWORD", "SECRET"))
+                if secret_like and "value" in env:
+                    failures.append(f"{doc['kind']} {doc['metadata']['name']}: {env['name']} has a literal value")
+                if env["name"].endswith("DATABASE_URL") and "$(" not in env.get("value", "$("):
+                    failures.append(f"{doc['kind']} {doc['metadata']['name']}: {env['name']} holds no $(VAR) password reference")
 
     if failures:
         print("\n".join(failures))

@@ -8,6 +8,10 @@
 //                                            topics, groups and transactional ids behind PREFIX
 //                                            ("" = the production names); idempotent
 //   Secure show ADMIN.properties             print every ACL binding
+//   Secure plan PREFIX                       print the ACLs `acls` would create, one a line
+//                                            (user resource-type pattern-type name operation),
+//                                            without a broker: what the Helm chart's KafkaUsers
+//                                            are checked against (scripts/chart-check)
 //
 // The ACL table is the one docs/operations.md ("Production checklist") gives operators; keep
 // the two in step. Topic names follow CONTRACT.md §3 (crates/contracts/src/topics.rs).
@@ -38,8 +42,16 @@ public class Secure {
     static final String LIQUIDADA = "transferencias.liquidada";
 
     public static void main(String[] args) throws Exception {
+        if (args.length == 2 && args[0].equals("plan")) {
+            for (AclBinding acl : acls(args[1])) {
+                System.out.println(acl.entry().principal().substring("User:".length()) + " "
+                    + acl.pattern().resourceType() + " " + acl.pattern().patternType() + " "
+                    + acl.pattern().name() + " " + acl.entry().operation());
+            }
+            return;
+        }
         if (args.length < 2) {
-            System.err.println("usage: Secure ready|users|acls|show ADMIN.properties [...]");
+            System.err.println("usage: Secure ready|users|acls|show ADMIN.properties [...] | Secure plan PREFIX");
             System.exit(2);
         }
         Properties props = new Properties();

@@ -131,3 +131,35 @@ fn the_expression_reader_finds_metric_names() {
         vec!["nao_existe_total"]
     );
 }
+
+/// The topics the Helm chart's KafkaTopics are made from (`deploy/helm/pagamentos/files/
+/// kafka-plan.yaml`, one `- {name: …, retentionMs: …}` line each): exactly the contract's topic
+/// plan, with its retention. scripts/chart-check then checks the rendered KafkaTopics against
+/// that file (partitions, replication and `min.insync.replicas` from the values).
+#[test]
+fn the_helm_charts_topics_are_the_contracts() {
+    let plan = std::fs::read_to_string(checkout().join("deploy/helm/pagamentos/files/kafka-plan.yaml"))
+        .expect("deploy/helm/pagamentos/files/kafka-plan.yaml");
+    let mut chart: Vec<(String, i64)> = Vec::new();
+    for line in plan.lines().map(str::trim).filter(|line| line.starts_with("- {name: ")) {
+        let fields: std::collections::BTreeMap<&str, &str> = line
+            .trim_start_matches("- {")
+            .trim_end_matches('}')
+            .split(',')
+            .filter_map(|field| field.split_once(':'))
+            .map(|(key, value)| (key.trim(), value.trim()))
+            .collect();
+        if let (Some(name), Some(retention)) = (fields.get("name"), fields.get("retentionMs")) {
+            chart.push(((*name).to_owned(), retention.parse().expect("retentionMs is an integer")));
+        }
+    }
+    let mut contract: Vec<(String, i64)> =
+        contracts::topics::plan("").into_iter().map(|spec| (spec.name, spec.retention_ms)).collect();
+    chart.sort();
+    contract.sort();
+    assert_eq!(contract.len(), 14, "the contract's plan: {contract:?}");
+    assert_eq!(
+        chart, contract,
+        "the chart's topics (left: kafka-plan.yaml) differ from crates/contracts' plan"
+    );
+}

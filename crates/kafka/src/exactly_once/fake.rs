@@ -85,6 +85,10 @@ pub(super) struct Inner {
     pub starts: BTreeMap<Partition, i64>,
     /// The partition whose committed offset the pending read cannot read.
     unreadable: Option<Partition>,
+    /// The last renew failed (a broker away): receives meanwhile are counted.
+    renew_failing: bool,
+    /// Receives made while renew was failing (the consumer polled through an outage).
+    pub receives_while_renew_failing: usize,
     pub assigned: BTreeSet<Partition>,
     position: BTreeMap<Partition, i64>,
     pub committed: BTreeMap<Partition, i64>,
@@ -338,6 +342,9 @@ impl Client for Fake {
         let next = {
             let mut inner = self.lock();
             inner.inject("receive");
+            if inner.renew_failing {
+                inner.receives_while_renew_failing += 1;
+            }
             let received = inner.calls["receive"];
             assert!(received < self.receive_limit, "livelock: {received} receives without finishing");
             let assigned: Vec<Partition> = inner.assigned.iter().cloned().collect();
@@ -483,8 +490,10 @@ impl Client for Fake {
     async fn renew(&mut self) -> Result<(), Error> {
         let mut inner = self.lock();
         if inner.inject("renew").is_some() {
+            inner.renew_failing = true;
             return Err(Error::Fatal("injected renew failure".into()));
         }
+        inner.renew_failing = false;
         // registering the transactional id again waits for a commit the coordinator already
         // has, and aborts whatever else the old producer left open
         inner.complete_late();

@@ -347,7 +347,7 @@ pub async fn run<C: Client, T: Transform>(
                     options
                         .liveness
                         .failed(&group, format!("transactional producer not registered: {error}"));
-                    if pause(&mut state, options, shutdown).await {
+                    if pause(client, &mut state, options, shutdown).await? {
                         return Ok(());
                     }
                     continue;
@@ -363,7 +363,7 @@ pub async fn run<C: Client, T: Transform>(
                     options
                         .liveness
                         .failed(&group, format!("rewind to the committed offsets failed: {error}"));
-                    if pause(&mut state, options, shutdown).await {
+                    if pause(client, &mut state, options, shutdown).await? {
                         return Ok(());
                     }
                     continue;
@@ -411,7 +411,7 @@ pub async fn run<C: Client, T: Transform>(
                 if discard.is_failure() {
                     options.liveness.failed(&group, format!("batch discarded: {error}"));
                     metrics::counter!("retries_total", "topic" => first.topic().to_owned()).increment(1);
-                    if pause(&mut state, options, shutdown).await {
+                    if pause(client, &mut state, options, shutdown).await? {
                         return Ok(());
                     }
                 }
@@ -456,15 +456,41 @@ async fn settle<C: Client>(client: &mut C, state: &mut State, discard: &Discard)
     state.renew = true;
 }
 
-/// Backs off after a failure; `true` when shut down meanwhile.
-async fn pause(state: &mut State, options: &Options, shutdown: &CancellationToken) -> bool {
+/// Backs off after a failure; `true` when shut down meanwhile. The consumer is polled through
+/// the pause, as it is while idle: a client that is not polled for `max.poll.interval.ms`
+/// leaves its group (and librdkafka 2.12 under KIP-848 may not rejoin cleanly), and a long
+/// outage is a series of pauses between renew or rewind attempts that block for up to their
+/// call timeout. Records it hands out meanwhile are dropped, and every partition is rewound
+/// before the next batch.
+async fn pause<C: Client>(
+    client: &mut C,
+    state: &mut State,
+    options: &Options,
+    shutdown: &CancellationToken,
+) -> Result<bool, Error> {
     state.failures = state.failures.saturating_add(1);
-    let delay = options.backoff.delay(state.failures);
-    tokio::select! {
-        biased;
-        _ = shutdown.cancelled() => true,
-        _ = tokio::time::sleep(delay) => false,
+    let deadline = tokio::time::Instant::now() + options.backoff.delay(state.failures);
+    let mut dropped = 0_usize;
+    let stopped = loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => break true,
+            _ = tokio::time::sleep_until(deadline) => break false,
+            // cancel-safe: a record is taken only when receive returns it
+            received = client.receive() => {
+                received?;
+                dropped += 1;
+            }
+        }
+    };
+    if dropped > 0 {
+        tracing::debug!(
+            dropped,
+            "records received during a back-off dropped: the partitions are rewound first"
+        );
+        state.rewind = true;
     }
+    Ok(stopped)
 }
 
 /// What [`collect`] came back with.

@@ -336,6 +336,25 @@ async fn recovery_steps_that_fail_are_retried_before_anything_is_read() {
     .await;
 }
 
+/// A long outage: the producer cannot be registered thirty times in a row (about a minute of
+/// back-offs here, many minutes with the service's). The consumer is polled through every
+/// pause, as while idle, so the member keeps its place in the group (librdkafka leaves a group
+/// not polled for `max.poll.interval.ms`); what it hands out meanwhile is dropped and read
+/// again after a rewind.
+#[tokio::test(start_paused = true)]
+async fn the_consumer_is_polled_through_a_long_outage_and_nothing_it_hands_out_is_lost() {
+    let outage: Vec<Fault> =
+        (2..=31).map(|nth| Fault::Fail { op: "renew", nth, recovery: Recovery::NewProducer }).collect();
+    let fake = exactly_once(
+        "renew refused 30 times after a fenced producer",
+        7,
+        [vec![Fault::Fence { op: "commit", nth: 1 }], outage].concat(),
+    )
+    .await;
+    let polled = fake.lock().receives_while_renew_failing;
+    assert!(polled >= 30, "polled {polled} times in 30 pauses");
+}
+
 /// A small deterministic generator (no dependency): the same seed, the same schedule.
 struct Lcg(u64);
 

@@ -3,6 +3,8 @@
 
 use rdkafka::message::OwnedMessage;
 
+use kafka::consumer::{header, header_values};
+
 use super::original_topic;
 
 /// Between a source topic and a retry topic's delay: `<source>-retry-<ms>`.
@@ -70,32 +72,19 @@ pub fn replay_destination(
     Ok(destination)
 }
 
-/// The original payload's size, on a letter whose payload was cut.
+/// The original payload's size, on a letter whose payload was cut (a header without a
+/// readable size still marks it cut: -1).
 fn payload_cut_from(record: &OwnedMessage) -> Option<i64> {
-    use rdkafka::message::{Headers, Message};
-    let headers = record.headers()?;
-    let header = headers.iter().filter(|header| header.key == contracts::headers::PAYLOAD_CUT_FROM).last()?;
-    Some(contracts::headers::decode_long(header.value.unwrap_or_default()).unwrap_or(-1))
+    let value = *header_values(record, contracts::headers::PAYLOAD_CUT_FROM).last()?;
+    Some(contracts::headers::decode_long(value).unwrap_or(-1))
 }
 
-/// Where the whole record of a letter is: `topic/partition@offset` from its original headers.
+/// Where the whole record of a letter is: `topic partition P offset O` from its original headers.
 fn original_position(record: &OwnedMessage) -> String {
-    use rdkafka::message::{Headers, Message};
-    let last = |name: &str| {
-        record.headers().and_then(|headers| {
-            headers
-                .iter()
-                .filter(|header| header.key == name)
-                .last()
-                .and_then(|h| h.value.map(<[u8]>::to_vec))
-        })
-    };
-    let topic = last(contracts::headers::dlt::ORIGINAL_TOPIC)
-        .map(|value| String::from_utf8_lossy(&value).into_owned());
-    let partition = last(contracts::headers::dlt::ORIGINAL_PARTITION)
-        .and_then(|value| contracts::headers::decode_int(&value).ok());
-    let offset = last(contracts::headers::dlt::ORIGINAL_OFFSET)
-        .and_then(|value| contracts::headers::decode_long(&value).ok());
+    use contracts::headers::{decode_int, decode_long, dlt};
+    let topic = header(record, dlt::ORIGINAL_TOPIC).map(|value| String::from_utf8_lossy(value).into_owned());
+    let partition = header(record, dlt::ORIGINAL_PARTITION).and_then(|value| decode_int(value).ok());
+    let offset = header(record, dlt::ORIGINAL_OFFSET).and_then(|value| decode_long(value).ok());
     match (topic, partition, offset) {
         (Some(topic), Some(partition), Some(offset)) => {
             format!("{topic} partition {partition} offset {offset}")

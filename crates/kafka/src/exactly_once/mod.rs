@@ -344,10 +344,8 @@ pub async fn run<C: Client, T: Transform>(
                 Err(error) => {
                     let error = crate::consumer::error_chain(&error);
                     tracing::warn!(%error, "transactional producer not registered; retrying");
-                    options
-                        .liveness
-                        .failed(&group, format!("transactional producer not registered: {error}"));
-                    if pause(client, &mut state, options, shutdown).await? {
+                    let failure = format!("transactional producer not registered: {error}");
+                    if pause(client, &mut state, options, shutdown, failure).await? {
                         return Ok(());
                     }
                     continue;
@@ -360,10 +358,8 @@ pub async fn run<C: Client, T: Transform>(
                 Err(error) => {
                     let error = crate::consumer::error_chain(&error);
                     tracing::warn!(%error, "rewind to the committed offsets failed; retrying");
-                    options
-                        .liveness
-                        .failed(&group, format!("rewind to the committed offsets failed: {error}"));
-                    if pause(client, &mut state, options, shutdown).await? {
+                    let failure = format!("rewind to the committed offsets failed: {error}");
+                    if pause(client, &mut state, options, shutdown, failure).await? {
                         return Ok(());
                     }
                     continue;
@@ -409,9 +405,10 @@ pub async fn run<C: Client, T: Transform>(
                 settle(client, &mut state, &discard).await;
                 state.rewind = true;
                 if discard.is_failure() {
-                    options.liveness.failed(&group, format!("batch discarded: {error}"));
                     metrics::counter!("retries_total", "topic" => first.topic().to_owned()).increment(1);
-                    if pause(client, &mut state, options, shutdown).await? {
+                    if pause(client, &mut state, options, shutdown, format!("batch discarded: {error}"))
+                        .await?
+                    {
                         return Ok(());
                     }
                 }
@@ -456,7 +453,7 @@ async fn settle<C: Client>(client: &mut C, state: &mut State, discard: &Discard)
     state.renew = true;
 }
 
-/// Backs off after a failure; `true` when shut down meanwhile. The consumer is polled through
+/// Backs off after `failure` (reported to [`Options::liveness`]); `true` when shut down meanwhile. The consumer is polled through
 /// the pause, as it is while idle: a client that is not polled for `max.poll.interval.ms`
 /// leaves its group (and librdkafka 2.12 under KIP-848 may not rejoin cleanly), and a long
 /// outage is a series of pauses between renew or rewind attempts that block for up to their
@@ -467,7 +464,9 @@ async fn pause<C: Client>(
     state: &mut State,
     options: &Options,
     shutdown: &CancellationToken,
+    failure: String,
 ) -> Result<bool, Error> {
+    options.liveness.failed(client.group(), failure);
     state.failures = state.failures.saturating_add(1);
     let deadline = tokio::time::Instant::now() + options.backoff.delay(state.failures);
     let mut dropped = 0_usize;
